@@ -1,0 +1,40 @@
+"""lovely-coordinator: fair, cancellation-safe scheduling between AI agents and model providers.
+
+The top level is the agent coordinator (CONTRACT §1). Lanes live in
+:mod:`lovely_coordinator.lanes`, turn queues in :mod:`lovely_coordinator.turns`, and the
+Redis/Valkey backed primitives in :mod:`lovely_coordinator.redis`.
+"""
+
+from ._config import CoordinatorConfig as CoordinatorConfig
+from ._errors import CoordinatorError as CoordinatorError
+from ._errors import IncompatibleCoordinatorError as IncompatibleCoordinatorError
+from ._errors import InvalidArgumentError as InvalidArgumentError
+from ._errors import InvalidArgumentTypeError as InvalidArgumentTypeError
+from ._errors import PermitReleasedError as PermitReleasedError
+from ._errors import ReservationCancelledError as ReservationCancelledError
+from ._errors import ReservationUsedError as ReservationUsedError
+from ._errors import TupleSuspendedError as TupleSuspendedError
+from ._types import CoordinatorStatistics as CoordinatorStatistics
+from ._types import ModelTuple as ModelTuple
+from ._types import ParentNotification as ParentNotification
+from ._types import ResidentAgent as ResidentAgent
+from ._types import SessionContext as SessionContext
+from ._types import TupleStatistics as TupleStatistics
+
+__all__ = [
+    "CoordinatorConfig",
+    "CoordinatorError",
+    "CoordinatorStatistics",
+    "IncompatibleCoordinatorError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "ModelTuple",
+    "ParentNotification",
+    "PermitReleasedError",
+    "ReservationCancelledError",
+    "ReservationUsedError",
+    "ResidentAgent",
+    "SessionContext",
+    "TupleStatistics",
+    "TupleSuspendedError",
+]

@@ -1,0 +1,8 @@
+"""Run the benchmarks; the same as ``python -m lovely_coordinator bench``."""
+
+import sys
+
+from lovely_coordinator._bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
