@@ -1,8 +1,10 @@
-"""Command line: ``python -m lovely_coordinator demo`` and ``python -m lovely_coordinator bench``."""
+"""The command line: ``python -m lovely_coordinator demo|bench``."""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable
 
 _USAGE = """\
 usage: python -m lovely_coordinator COMMAND [ARGS...]
@@ -19,14 +21,12 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command == "demo":
-        from ._demo import main as demo_main
-
-        return demo_main(rest)
-    if command == "bench":
-        from ._bench import main as bench_main
-
-        return bench_main(rest)
+    modules = {"demo": "._demo", "bench": "._bench"}
+    if command in modules:
+        entry: Callable[[list[str]], int] = importlib.import_module(
+            modules[command], __package__
+        ).main
+        return entry(rest)
     print(f"unknown command {command!r}\n\n{_USAGE}", end="", file=sys.stderr)
     return 2
 
