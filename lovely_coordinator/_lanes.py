@@ -1,0 +1,432 @@
+"""Lanes: one activation per key under a global cap (the async runner).
+
+The decisions (who starts, who waits, who gets a freed slot) live in the synchronous
+:class:`~._lanes_state.LanesState`; this module only runs what it decides. Each recorded
+activation gets one task in the lanes' task group. That task is shielded from outside
+cancellation for its whole life, so it always reaches its end and frees its slot; the
+lanes stop it on purpose by cancelling the *body's* own scope (on ``cancel``, ``close``
+or the turn timeout), never the finalizers or ``on_exit``.
+
+One activation's task, in order:
+
+1. If a stop was written before the task ran, report ``ActivationInterrupted`` without
+   calling ``activate``.
+2. Run ``activate(key)`` in a cancel scope with the turn deadline (the *body*).
+3. Close the activation's exit stack, still shielded, so a stop landing now cannot
+   change the body's outcome.
+4. Report the outcome to ``on_exit``, shielded.
+5. Finish in one synchronous step: free the slot, re-queue the lane if it was woken
+   meanwhile, hand the slot on, wake ``cancel``/``close`` waiters, spawn the successor.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Annotated, Any, Final, final
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import InvalidArgumentError
+from ._lanes_state import (
+    ActivationRecord,
+    LanesState,
+    LanesStatus,
+    StopReason,
+    WakeResult,
+)
+
+__all__ = [
+    "Activation",
+    "ActivationFailed",
+    "ActivationInterrupted",
+    "ActivationSucceeded",
+    "Exit",
+    "Lanes",
+    "LanesConfig",
+    "LanesConfigInvalid",
+    "create_lanes",
+    "current_activation",
+]
+
+_log = logging.getLogger("lovely_coordinator.lanes")
+
+
+class LanesConfigInvalid(InvalidArgumentError):
+    """The lanes' configuration is invalid; nothing was created.
+
+    ``errors`` carries pydantic's structured details when they exist.
+    """
+
+
+class LanesConfig(BaseModel):
+    """How lanes admit work. Frozen and validated on construction.
+
+    Attributes:
+        max_concurrent: activations running at once across all keys (an int ≥ 1).
+        max_queued: lanes that may wait for a slot (an int ≥ 0), or None for no bound;
+            without a bound the queue still holds at most one entry per key.
+        turn_timeout: seconds an activation may run before it is interrupted (finite,
+            > 0), counted from the activation's own start, or None for no limit.
+
+    Raises:
+        LanesConfigInvalid: any field is invalid (never a bare pydantic error).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrent: Annotated[int, Field(strict=True, ge=1)]
+    max_queued: Annotated[int, Field(strict=True, ge=0)] | None = None
+    turn_timeout: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)] | None = None
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> LanesConfig:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+
+def _config_error(exc: ValidationError) -> LanesConfigInvalid:
+    details = exc.errors(include_url=False)
+    reasons = "; ".join(f"{'.'.join(map(str, d['loc'])) or '?'}: {d['msg']}" for d in details)
+    return LanesConfigInvalid(f"Invalid lanes config: {reasons}", errors=details)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationSucceeded:
+    """The activation's body returned (and its finalizers did not raise)."""
+
+    key: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationFailed:
+    """The body raised ``cause`` by itself, or a finalizer raised ``cause``.
+
+    A finalizer's error replaces the body's outcome, whatever that was.
+    """
+
+    key: str
+    cause: BaseException
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationInterrupted:
+    """The lanes cut the body short (or stopped it before ``activate`` was called).
+
+    ``reason`` is the first stop written: ``"cancel"``, ``"close"`` or ``"timeout"``.
+    """
+
+    key: str
+    reason: StopReason
+
+
+Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """The running activation, as seen from inside it (:func:`current_activation`).
+
+    Attributes:
+        key: the lane.
+        started_at: ``anyio.current_time()`` when the activation started; the turn
+            timeout counts from here.
+        exit_stack: finalizers pushed here run after the body, shielded from stops. A
+            stop landing while they run keeps the body's own outcome; a finalizer that
+            raises makes the outcome ``ActivationFailed`` with only that error.
+    """
+
+    key: str
+    started_at: float
+    exit_stack: AsyncExitStack
+
+
+_current: Final = contextvars.ContextVar[Activation | None](
+    "lovely_coordinator.lanes.current_activation", default=None
+)
+
+
+def current_activation() -> Activation | None:
+    """The activation whose body (or a task started in it) is running, else None."""
+    return _current.get()
+
+
+class _Run(ActivationRecord):
+    """The record plus what the runner needs to stop and await one activation."""
+
+    __slots__ = ("ended", "scope")
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.scope: anyio.CancelScope | None = None  # the body's scope, while it runs
+        # Set once the activation has ended and its slot was handed on. Created only when
+        # someone waits: an Event is the right tool because ending is a broadcast of a
+        # fact (many cancel/close callers may wait), not the grant of something a
+        # cancelled waiter would have to hand on, which is what Parker is for.
+        self.ended: anyio.Event | None = None
+
+
+@final
+class Lanes:
+    """Per-key lanes under a global concurrency cap. Obtain one from :func:`create_lanes`.
+
+    A wake of an idle lane starts its activation if a slot is free and nobody waits, or
+    queues it at the tail; a wake of a queued lane, or of a running one beyond the first,
+    coalesces into the one activation owed. A freed slot goes to the lane that waited
+    longest; a lane woken while it ran waits behind the lanes queued meanwhile.
+    """
+
+    __slots__ = ("_activate", "_context", "_on_exit", "_state", "_task_group", "_timeout")
+
+    def __init__(
+        self,
+        config: LanesConfig,
+        activate: Callable[[str], Awaitable[object]],
+        on_exit: Callable[[Exit], object] | None,
+        task_group: TaskGroup,
+        context: contextvars.Context,
+    ) -> None:
+        """Internal: use :func:`create_lanes`."""
+        self._state: LanesState[_Run] = LanesState(config.max_concurrent, config.max_queued, _Run)
+        self._timeout = math.inf if config.turn_timeout is None else config.turn_timeout
+        self._activate = activate
+        self._on_exit = on_exit
+        self._task_group = task_group
+        self._context = context
+
+    def wake(self, key: str) -> WakeResult:
+        """Ask for one more activation of ``key``. Never waits.
+
+        Returns:
+            ``"started"`` (an activation was started now), ``"queued"`` (the lane waits
+            for a slot) or ``"coalesced"`` (an activation owed already serves this wake).
+
+        Raises:
+            LanesClosed: the lanes are closed.
+            LaneQueueFull: the lane would have to wait and ``max_queued`` lanes already do.
+        """
+        result, started = self._state.wake(key)
+        if started is not None:
+            self._spawn(started)
+        return result
+
+    async def cancel(self, key: str) -> None:
+        """Drop the wakes ``key`` owes and interrupt its running activation.
+
+        Returns once that activation has ended, finalizers and ``on_exit`` included, and
+        its slot has been handed on; at once if nothing runs. The cancellation takes
+        effect even if the caller is cancelled while it waits. Never call this from
+        ``on_exit`` for the key being reported: it would wait for itself.
+        """
+        record = self._state.cancel(key)
+        if record is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        ended = _ended(record)
+        self._stop(record, "cancel")
+        await ended.wait()
+
+    async def close(self) -> None:
+        """Refuse later wakes, drop the queue, interrupt every activation and await them.
+
+        Idempotent: a later call stops and awaits whatever still runs. Runs when the
+        ``async with create_lanes(...)`` block exits.
+        """
+        records = self._state.close()
+        # Every Event is created before the first await: a record that finished while we
+        # waited for another would otherwise never set one created afterwards.
+        events = [_ended(record) for record in records]
+        for record in records:
+            self._stop(record, "close")
+        if not events:
+            await anyio.lowlevel.checkpoint()
+        for event in events:
+            await event.wait()
+
+    def status(self) -> LanesStatus:
+        """A snapshot: counts, whether closed, and every non-idle lane."""
+        return self._state.status()
+
+    def _stop(self, record: _Run, reason: StopReason) -> None:
+        if record.stop is None:
+            scope = record.scope
+            # The deadline cancels the body's scope without writing a reason; if it got
+            # there before this stop, the timeout is the first reason.
+            record.stop = "timeout" if scope is not None and scope.cancel_called else reason
+        if record.scope is not None:
+            record.scope.cancel()
+
+    def _spawn(self, record: _Run) -> None:
+        # Activations run in (a copy of) the context the lanes were created in, whoever
+        # woke them. A fresh copy per spawn, because Context.run cannot be re-entered
+        # should a task factory start the task eagerly and it wake another lane.
+        self._context.copy().run(self._start_task, record)
+
+    def _start_task(self, record: _Run) -> None:
+        self._task_group.start_soon(self._run, record, name=f"lanes activation {record.key!r}")
+
+    async def _run(self, record: _Run) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                outcome = await self._execute(record)
+                await self._report(outcome)
+            finally:
+                started = self._state.finish(record)
+                if record.ended is not None:
+                    record.ended.set()
+                if started is not None:
+                    self._spawn(started)
+        if isinstance(outcome, ActivationFailed) and isinstance(
+            outcome.cause, KeyboardInterrupt | SystemExit
+        ):
+            raise outcome.cause
+
+    async def _execute(self, record: _Run) -> Exit:
+        key = record.key
+        if record.stop is not None:
+            return ActivationInterrupted(key, record.stop)
+        started_at = anyio.current_time()
+        activation = Activation(key, started_at, AsyncExitStack())
+        token = _current.set(activation)
+        try:
+            cause: BaseException | None = None
+            try:
+                with anyio.CancelScope(deadline=started_at + self._timeout) as scope:
+                    record.scope = scope
+                    await self._activate(key)
+            except BaseException as exc:  # a defect or self-interruption: the body's outcome
+                cause = exc
+            record.scope = None
+            if record.stop is None and scope.cancel_called:
+                record.stop = "timeout"
+            reason = record.stop  # any stop from here on leaves the outcome alone
+            try:
+                await activation.exit_stack.aclose()
+            except BaseException as exc:
+                return ActivationFailed(key, exc)
+        finally:
+            _current.reset(token)
+        if reason is not None:
+            return ActivationInterrupted(key, reason)
+        if cause is not None:
+            return ActivationFailed(key, cause)
+        return ActivationSucceeded(key)
+
+    async def _report(self, outcome: Exit) -> None:
+        if self._on_exit is None:
+            return
+        try:
+            result = self._on_exit(outcome)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            _log.warning("on_exit failed for %s", outcome.key, exc_info=True)
+
+
+def _ended(record: _Run) -> anyio.Event:
+    if record.ended is None:
+        record.ended = anyio.Event()
+    return record.ended
+
+
+@final
+class _LanesScope:
+    """The async context manager :func:`create_lanes` returns (single use)."""
+
+    __slots__ = ("_activate", "_config", "_lanes", "_on_exit", "_task_group")
+
+    def __init__(
+        self,
+        config: LanesConfig,
+        activate: Callable[[str], Awaitable[object]],
+        on_exit: Callable[[Exit], object] | None,
+    ) -> None:
+        self._config = config
+        self._activate = activate
+        self._on_exit = on_exit
+        self._task_group: TaskGroup | None = None
+        self._lanes: Lanes | None = None
+
+    async def __aenter__(self) -> Lanes:
+        if self._task_group is not None:
+            raise RuntimeError("create_lanes() context managers cannot be entered twice")
+        task_group = self._task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        context = contextvars.copy_context()
+        self._lanes = Lanes(self._config, self._activate, self._on_exit, task_group, context)
+        return self._lanes
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._task_group is not None
+        assert self._lanes is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._lanes.close()
+        finally:
+            suppress = await self._task_group.__aexit__(exc_type, exc, tb)
+        return suppress
+
+
+def create_lanes(
+    max_concurrent: int,
+    max_queued: int | None = None,
+    turn_timeout: float | None = None,
+    *,
+    activate: Callable[[str], Awaitable[object]],
+    on_exit: Callable[[Exit], object] | None = None,
+) -> AbstractAsyncContextManager[Lanes]:
+    """Lanes for ``async with``: one activation per key, at most ``max_concurrent`` at once.
+
+    Activations run in the contextvars context the ``async with`` was entered in. Leaving
+    the block closes the lanes: later wakes fail, the queue is dropped, and every running
+    activation is interrupted and awaited.
+
+    Args:
+        max_concurrent: activations running at once across all keys (int ≥ 1).
+        max_queued: lanes allowed to wait for a slot (int ≥ 0), or None for no bound.
+        turn_timeout: seconds before a running activation is interrupted (finite, > 0),
+            or None.
+        activate: the work for one key, ``await activate(key)``.
+        on_exit: called with how each activation ended (``ActivationSucceeded``,
+            ``ActivationFailed`` or ``ActivationInterrupted``), exactly once per
+            activation, shielded; it may be sync or async. An exception it raises is
+            logged as a warning. It must not wait for ``cancel``/``close`` itself.
+
+    Raises:
+        LanesConfigInvalid: a setting is invalid, or ``activate``/``on_exit`` is not
+            callable. Nothing is created.
+    """
+    config = LanesConfig(
+        max_concurrent=max_concurrent, max_queued=max_queued, turn_timeout=turn_timeout
+    )
+    if not callable(activate):
+        raise LanesConfigInvalid("Invalid lanes config: activate must be callable")
+    if on_exit is not None and not callable(on_exit):
+        raise LanesConfigInvalid("Invalid lanes config: on_exit must be callable or None")
+    return _LanesScope(config, activate, on_exit)

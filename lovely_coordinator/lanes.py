@@ -1,0 +1,45 @@
+"""One activation per key under a global concurrency cap (CONTRACT §2).
+
+A *key* (a room, a mailbox, a resident agent) is woken whenever it has new input; its
+``activate(key)`` then runs once more, never twice at the same time, while
+``max_concurrent`` bounds how many keys run at once and ``max_queued`` bounds how many
+wait. Every activation is reported once to ``on_exit``.
+
+Exceptions::
+
+    CoordinatorError
+    ├── InvalidArgumentError (ValueError)
+    │   └── LanesConfigInvalid        an invalid setting; nothing was created
+    ├── LaneQueueFull                 wake(): max_queued lanes already wait
+    └── LanesClosed                   wake() after close()
+"""
+
+from ._lanes import Activation as Activation
+from ._lanes import ActivationFailed as ActivationFailed
+from ._lanes import ActivationInterrupted as ActivationInterrupted
+from ._lanes import ActivationSucceeded as ActivationSucceeded
+from ._lanes import Lanes as Lanes
+from ._lanes import LanesConfig as LanesConfig
+from ._lanes import LanesConfigInvalid as LanesConfigInvalid
+from ._lanes import create_lanes as create_lanes
+from ._lanes import current_activation as current_activation
+from ._lanes_state import LaneQueueFull as LaneQueueFull
+from ._lanes_state import LanesClosed as LanesClosed
+from ._lanes_state import LaneSnapshot as LaneSnapshot
+from ._lanes_state import LanesStatus as LanesStatus
+
+__all__ = [
+    "Activation",
+    "ActivationFailed",
+    "ActivationInterrupted",
+    "ActivationSucceeded",
+    "LaneQueueFull",
+    "LaneSnapshot",
+    "Lanes",
+    "LanesClosed",
+    "LanesConfig",
+    "LanesConfigInvalid",
+    "LanesStatus",
+    "create_lanes",
+    "current_activation",
+]
