@@ -92,14 +92,14 @@ class LanesConfig(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise _config_error(exc) from None
+            raise _config_error(exc) from exc
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> LanesConfig:
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
-            raise _config_error(exc) from None
+            raise _config_error(exc) from exc
 
 
 def _config_error(exc: ValidationError) -> LanesConfigInvalid:
@@ -389,8 +389,18 @@ class _LanesScope:
             with anyio.CancelScope(shield=True):
                 await self._lanes.close()
         finally:
-            suppress = await self._task_group.__aexit__(exc_type, exc, tb)
-        return suppress
+            # Every activation has ended and none can start, so the task group is empty.
+            # It never sees the block's exception: the block is not one of its tasks, and
+            # a nursery would wrap that exception in an ExceptionGroup on trio. Its exit
+            # may still notice a cancellation of the caller; the block's own exception
+            # takes precedence over that (the cancellation is level-triggered, it is
+            # delivered again at the caller's next checkpoint).
+            try:
+                await self._task_group.__aexit__(None, None, None)
+            except anyio.get_cancelled_exc_class():
+                if exc is None:
+                    raise
+        return None
 
 
 def create_lanes(

@@ -1,0 +1,1063 @@
+"""Lanes (CONTRACT §2) on asyncio and trio: scheduling, stops, finalizers, on_exit, time."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import pytest
+from trio.testing import MockClock
+
+import lovely_coordinator.lanes as lanes_module
+from lovely_coordinator import CoordinatorError, InvalidArgumentError
+from lovely_coordinator._lanes import _Run
+from lovely_coordinator.lanes import (
+    ActivationFailed,
+    ActivationInterrupted,
+    ActivationSucceeded,
+    LaneQueueFull,
+    Lanes,
+    LanesClosed,
+    LanesConfig,
+    LanesConfigInvalid,
+    LaneSnapshot,
+    LanesStatus,
+    create_lanes,
+    current_activation,
+)
+
+Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted
+
+pytestmark = pytest.mark.anyio
+
+TRIO_MOCK = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
+
+settle = anyio.wait_all_tasks_blocked
+
+
+class Probe:
+    """Activations that run until released, and a log of what happened, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.exits: list[Exit] = []
+        self.releases: dict[str, anyio.Event] = {}
+
+    async def activate(self, key: str) -> None:
+        self.log.append(("start", key))
+        release = self.releases[key] = anyio.Event()
+        await release.wait()
+
+    def release(self, key: str) -> None:
+        self.releases.pop(key).set()
+
+    def on_exit(self, outcome: Exit) -> None:
+        self.exits.append(outcome)
+        self.log.append(("exit", outcome.key))
+
+    def starts(self) -> list[str]:
+        return [key for what, key in self.log if what == "start"]
+
+
+@asynccontextmanager
+async def probed(
+    max_concurrent: int, max_queued: int | None = None, turn_timeout: float | None = None
+) -> AsyncIterator[tuple[Lanes, Probe]]:
+    probe = Probe()
+    async with create_lanes(
+        max_concurrent,
+        max_queued,
+        turn_timeout,
+        activate=probe.activate,
+        on_exit=probe.on_exit,
+    ) as lanes:
+        yield lanes, probe
+
+
+def test_all_is_the_contract() -> None:
+    assert lanes_module.__all__ == [
+        "Activation",
+        "ActivationFailed",
+        "ActivationInterrupted",
+        "ActivationSucceeded",
+        "LaneQueueFull",
+        "LaneSnapshot",
+        "Lanes",
+        "LanesClosed",
+        "LanesConfig",
+        "LanesConfigInvalid",
+        "LanesStatus",
+        "create_lanes",
+        "current_activation",
+    ]
+    for name in lanes_module.__all__:
+        assert getattr(lanes_module, name).__module__.startswith("lovely_coordinator.")
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_concurrent": 0},
+        {"max_concurrent": 1.5},
+        {"max_concurrent": math.inf},
+        {"max_concurrent": True},
+        {"max_concurrent": "2"},
+        {"max_concurrent": 1, "max_queued": -1},
+        {"max_concurrent": 1, "max_queued": 0.5},
+        {"max_concurrent": 1, "turn_timeout": 0},
+        {"max_concurrent": 1, "turn_timeout": -1.0},
+        {"max_concurrent": 1, "turn_timeout": math.nan},
+        {"max_concurrent": 1, "turn_timeout": math.inf},
+        {"max_concurrent": 1, "turn_timeout": True},
+    ],
+)
+def test_invalid_config_raises_lanes_config_invalid(settings: dict[str, object]) -> None:
+    with pytest.raises(LanesConfigInvalid, match=r"^Invalid lanes config: ") as info:
+        LanesConfig(**settings)
+    assert type(info.value) is LanesConfigInvalid  # never a bare pydantic error
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, InvalidArgumentError)
+    assert isinstance(info.value, CoordinatorError)
+    assert info.value.errors
+    with pytest.raises(LanesConfigInvalid):
+        create_lanes(activate=Probe().activate, **settings)  # type: ignore[arg-type]
+
+
+def test_config_missing_and_unknown_fields_are_lanes_config_invalid() -> None:
+    with pytest.raises(LanesConfigInvalid, match="max_concurrent"):
+        LanesConfig()
+    with pytest.raises(LanesConfigInvalid, match="max_running"):
+        LanesConfig(max_concurrent=1, max_running=2)
+    with pytest.raises(LanesConfigInvalid):
+        LanesConfig.model_validate({"max_concurrent": 0})
+
+
+def test_valid_config_and_bounds() -> None:
+    config = LanesConfig(max_concurrent=1, max_queued=0, turn_timeout=600)
+    assert (config.max_concurrent, config.max_queued, config.turn_timeout) == (1, 0, 600.0)
+    assert LanesConfig(max_concurrent=3) == LanesConfig(max_concurrent=3, max_queued=None)
+    assert LanesConfig(max_concurrent=2**70).max_concurrent == 2**70
+
+
+def test_create_lanes_rejects_uncallables_at_once() -> None:
+    with pytest.raises(LanesConfigInvalid, match="activate must be callable"):
+        create_lanes(1, activate="nope")  # type: ignore[arg-type]
+    with pytest.raises(LanesConfigInvalid, match="on_exit must be callable"):
+        create_lanes(1, activate=Probe().activate, on_exit=3)  # type: ignore[arg-type]
+
+
+# --- scheduling ------------------------------------------------------------------------
+
+
+async def test_wake_starts_queues_and_coalesces() -> None:
+    with anyio.fail_after(5):
+        async with probed(2, max_queued=2) as (lanes, probe):
+            assert lanes.wake("a") == "started"
+            assert lanes.wake("b") == "started"
+            assert lanes.wake("c") == "queued"
+            assert lanes.wake("a") == "coalesced"
+            assert lanes.wake("c") == "coalesced"
+            assert lanes.status() == LanesStatus(
+                running=2,
+                queued=1,
+                closed=False,
+                lanes=(
+                    LaneSnapshot("a", "running", True),
+                    LaneSnapshot("b", "running", False),
+                    LaneSnapshot("c", "queued", True),
+                ),
+            )
+            await settle()
+            assert sorted(probe.starts()) == ["a", "b"]  # trio runs new tasks in any order
+
+
+async def test_many_wakes_of_a_queued_or_running_lane_make_one_activation() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            lanes.wake("a")
+            await settle()
+            for _ in range(5):
+                assert lanes.wake("a") == "coalesced"
+                assert lanes.wake("b") in {"queued", "coalesced"}
+            probe.release("a")
+            await settle()
+            probe.release("b")
+            await settle()
+            probe.release("a")
+            await settle()
+            assert probe.starts() == ["a", "b", "a"]
+            assert lanes.status().lanes == ()
+
+
+async def test_slots_hand_off_in_fifo_order_and_a_rewoken_lane_waits_at_the_tail() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            lanes.wake("a")
+            lanes.wake("b")
+            lanes.wake("c")
+            await settle()
+            assert lanes.wake("a") == "coalesced"  # owed after b and c
+            assert lanes.wake("d") == "queued"
+            for key in ["a", "b", "c", "d"]:
+                probe.release(key)
+                await settle()
+            probe.release("a")
+            await settle()
+            assert probe.starts() == ["a", "b", "c", "d", "a"]
+            assert [e.key for e in probe.exits] == ["a", "b", "c", "d", "a"]
+            assert all(isinstance(e, ActivationSucceeded) for e in probe.exits)
+
+
+async def test_a_full_queue_refuses_and_changes_nothing() -> None:
+    with anyio.fail_after(5):
+        async with probed(1, max_queued=1) as (lanes, probe):
+            lanes.wake("a")
+            lanes.wake("b")
+            before = lanes.status()
+            with pytest.raises(LaneQueueFull) as info:
+                lanes.wake("c")
+            assert (info.value.key, info.value.max_queued) == ("c", 1)
+            assert lanes.status() == before
+            assert lanes.wake("a") == "coalesced"  # coalescing never checks capacity
+            await settle()
+            assert probe.starts() == ["a"]
+
+
+async def test_max_queued_zero_still_serves_a_rewoken_running_lane() -> None:
+    with anyio.fail_after(5):
+        async with probed(1, max_queued=0) as (lanes, probe):
+            lanes.wake("a")
+            await settle()
+            with pytest.raises(LaneQueueFull):
+                lanes.wake("b")
+            assert lanes.wake("a") == "coalesced"
+            probe.release("a")
+            await settle()
+            assert probe.starts() == ["a", "a"]
+            assert lanes.status().lanes == (LaneSnapshot("a", "running", False),)
+
+
+async def test_non_string_key_is_rejected() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, _):
+            with pytest.raises(InvalidArgumentError, match=r"^Lane keys must be strings$"):
+                lanes.wake(b"a")  # type: ignore[arg-type]
+            assert lanes.status().lanes == ()
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+
+async def test_cancel_a_queued_lane_drops_it_without_a_report() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            lanes.wake("a")
+            lanes.wake("b")
+            await lanes.cancel("b")
+            assert lanes.status().lanes == (LaneSnapshot("a", "running", False),)
+            await settle()
+            probe.release("a")
+            await settle()
+            assert probe.starts() == ["a"]
+            assert probe.exits == [ActivationSucceeded("a")]
+            assert lanes.wake("b") == "started"  # wakes after a cancel are served as usual
+
+
+async def test_cancel_an_idle_lane_returns_at_once() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            await lanes.cancel("nobody")
+            assert probe.log == []
+
+
+async def test_cancel_waits_for_finalizers_and_on_exit_and_the_slot_is_already_handed_on() -> None:
+    with anyio.fail_after(5):
+        finalizer_may_end = anyio.Event()
+        on_exit_may_end = anyio.Event()
+        log: list[str] = []
+        seen_when_cancel_returned: list[LanesStatus] = []
+
+        async def finalizer() -> None:
+            log.append("finalizer")
+            await finalizer_may_end.wait()
+
+        async def activate(key: str) -> None:
+            log.append(f"start {key}")
+            activation = current_activation()
+            assert activation is not None
+            activation.exit_stack.push_async_callback(finalizer)
+            await anyio.sleep_forever()
+
+        async def on_exit(outcome: Exit) -> None:
+            log.append(f"exit {outcome}")
+            await on_exit_may_end.wait()
+
+        async with (
+            create_lanes(1, activate=activate, on_exit=on_exit) as lanes,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def cancel_a() -> None:
+                await lanes.cancel("a")
+                seen_when_cancel_returned.append(lanes.status())
+
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+            tg.start_soon(cancel_a)
+            await settle()
+            assert log == ["start a", "finalizer"]
+            finalizer_may_end.set()
+            await settle()
+            assert log[-1] == "exit ActivationInterrupted(key='a', reason='cancel')"
+            assert not seen_when_cancel_returned
+            on_exit_may_end.set()
+            await settle()
+            # When cancel returned, b already held the slot (its task may not have run yet).
+            assert seen_when_cancel_returned == [
+                LanesStatus(1, 0, False, (LaneSnapshot("b", "running", False),))
+            ]
+            assert log[-1] == "start b"
+
+
+async def test_cancel_drops_the_follow_up_of_a_running_lane() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            lanes.wake("a")
+            await settle()
+            lanes.wake("a")
+            await lanes.cancel("a")
+            await settle()
+            assert probe.starts() == ["a"]
+            assert probe.exits == [ActivationInterrupted("a", "cancel")]
+            assert lanes.status().lanes == ()
+
+
+async def test_an_activation_stopped_before_its_task_ran_never_calls_activate() -> None:
+    with anyio.fail_after(5):
+        async with probed(2) as (lanes, probe):
+            assert lanes.wake("a") == "started"
+            await lanes.cancel("a")  # its task had not run yet
+            assert lanes.wake("b") == "started"
+            await lanes.close()
+            assert probe.starts() == []
+            assert probe.exits == [
+                ActivationInterrupted("a", "cancel"),
+                ActivationInterrupted("b", "close"),
+            ]
+
+
+async def test_a_cancelled_cancel_caller_still_stops_the_activation() -> None:
+    with anyio.fail_after(5):
+        on_exit_may_end = anyio.Event()
+        exits: list[Exit] = []
+
+        async def on_exit(outcome: Exit) -> None:
+            exits.append(outcome)
+            await on_exit_may_end.wait()
+
+        async with create_lanes(1, activate=Probe().activate, on_exit=on_exit) as lanes:
+            lanes.wake("a")
+            await settle()
+            with anyio.move_on_after(0.01):
+                await lanes.cancel("a")
+            assert exits == [ActivationInterrupted("a", "cancel")]
+            assert lanes.status().running == 1  # on_exit still runs, shielded
+            on_exit_may_end.set()
+            await settle()
+            assert lanes.status().running == 0
+
+
+async def test_cancel_from_inside_the_activation_interrupts_it() -> None:
+    with anyio.fail_after(5):
+        exits: list[Exit] = []
+        reported = anyio.Event()
+        own: list[Lanes] = []
+
+        async def activate(key: str) -> None:
+            await own[0].cancel(key)
+            raise AssertionError("not reached: cancel interrupts its own activation")
+
+        def on_exit(outcome: Exit) -> None:
+            exits.append(outcome)
+            reported.set()
+
+        async with create_lanes(1, activate=activate, on_exit=on_exit) as lanes:
+            own.append(lanes)
+            lanes.wake("a")
+            # Not settle(): on asyncio it can return while anyio still delivers a
+            # cancellation a task requested of its own scope.
+            await reported.wait()
+            assert exits == [ActivationInterrupted("a", "cancel")]
+
+
+# --- close -----------------------------------------------------------------------------
+
+
+async def test_close_refuses_wakes_drops_the_queue_and_interrupts_what_runs() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+            lanes.wake("a")
+            await lanes.close()
+            assert probe.starts() == ["a"]
+            assert probe.exits == [ActivationInterrupted("a", "close")]  # b was never recorded
+            assert lanes.status() == LanesStatus(0, 0, True, ())
+            with pytest.raises(LanesClosed) as info:
+                lanes.wake("c")
+            assert info.value.key == "c"
+            await lanes.close()  # idempotent
+            await lanes.cancel("a")
+        assert probe.exits == [ActivationInterrupted("a", "close")]
+
+
+async def test_a_second_close_waits_for_what_still_runs() -> None:
+    with anyio.fail_after(5):
+        on_exit_may_end = anyio.Event()
+        closed: list[int] = []
+
+        async def on_exit(outcome: Exit) -> None:
+            await on_exit_may_end.wait()
+
+        async with (
+            create_lanes(1, activate=Probe().activate, on_exit=on_exit) as lanes,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def close(n: int) -> None:
+                await lanes.close()
+                closed.append(n)
+
+            lanes.wake("a")
+            await settle()
+            tg.start_soon(close, 1)
+            await settle()
+            tg.start_soon(close, 2)
+            await settle()
+            assert closed == []
+            on_exit_may_end.set()
+            await settle()
+            assert sorted(closed) == [1, 2]
+
+
+async def test_leaving_the_block_closes_and_waits() -> None:
+    with anyio.fail_after(5):
+        async with probed(2) as (lanes, probe):
+            lanes.wake("a")
+            lanes.wake("b")
+            lanes.wake("c")
+            await settle()
+        assert sorted(probe.exits, key=lambda e: e.key) == [
+            ActivationInterrupted("a", "close"),
+            ActivationInterrupted("b", "close"),
+        ]
+        assert lanes.status().closed
+        with pytest.raises(LanesClosed):
+            lanes.wake("a")
+
+
+async def test_an_error_or_cancellation_in_the_block_still_closes() -> None:
+    with anyio.fail_after(5):
+        probe = Probe()
+
+        async def fail_in_the_block() -> None:
+            async with create_lanes(1, activate=probe.activate, on_exit=probe.on_exit) as lanes:
+                lanes.wake("a")
+                await settle()
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):  # unwrapped, on trio too
+            await fail_in_the_block()
+        with anyio.CancelScope() as scope:
+            async with create_lanes(1, activate=probe.activate, on_exit=probe.on_exit) as lanes:
+                lanes.wake("b")
+                await settle()
+                scope.cancel()
+                await anyio.sleep_forever()
+        assert probe.exits == [
+            ActivationInterrupted("a", "close"),
+            ActivationInterrupted("b", "close"),
+        ]
+
+
+async def test_a_lanes_context_cannot_be_entered_twice() -> None:
+    with anyio.fail_after(5):
+        scope = create_lanes(1, activate=Probe().activate)
+        async with scope:
+            with pytest.raises(RuntimeError, match="entered twice"):
+                await scope.__aenter__()
+
+
+# --- outcomes, finalizers and on_exit ---------------------------------------------------
+
+
+async def test_outcomes_of_bodies_that_end_by_themselves() -> None:
+    with anyio.fail_after(5):
+        error = ValueError("bad turn")
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            if key == "fails":
+                raise error
+
+        def raises_synchronously(key: str) -> None:  # not even a coroutine function
+            raise error
+
+        async with create_lanes(2, activate=activate, on_exit=exits.append) as lanes:
+            lanes.wake("ok")
+            lanes.wake("fails")
+            await settle()
+        assert sorted(exits, key=lambda e: e.key) == [
+            ActivationFailed("fails", error),
+            ActivationSucceeded("ok"),
+        ]
+        exits.clear()
+        async with create_lanes(
+            1,
+            activate=raises_synchronously,  # type: ignore[arg-type]
+            on_exit=exits.append,
+        ) as lanes:
+            assert lanes.wake("x") == "started"
+            await settle()
+            assert lanes.wake("x") == "started"  # the lane keeps working
+            await settle()
+        assert exits == [ActivationFailed("x", error), ActivationFailed("x", error)]
+
+
+async def test_finalizers_run_after_the_body_and_a_stop_during_them_keeps_the_outcome() -> None:
+    with anyio.fail_after(5):
+        error = KeyError("body")
+        in_finalizer = {key: anyio.Event() for key in ("ok", "fails")}
+        finalizers_may_end = anyio.Event()
+        order: list[str] = []
+        exits: list[Exit] = []
+
+        async def finalizer(key: str) -> None:
+            order.append(f"finalizer {key}")
+            in_finalizer[key].set()
+            await finalizers_may_end.wait()  # shielded: the stop below does not cut it short
+            await anyio.lowlevel.checkpoint()
+            order.append(f"finalizer {key} done")
+
+        async def activate(key: str) -> None:
+            activation = current_activation()
+            assert activation is not None
+            activation.exit_stack.push_async_callback(finalizer, key)
+            order.append(f"body {key}")
+            if key == "fails":
+                raise error
+
+        async with create_lanes(2, activate=activate, on_exit=exits.append) as lanes:
+            lanes.wake("ok")
+            lanes.wake("fails")
+            await in_finalizer["ok"].wait()
+            await in_finalizer["fails"].wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lanes.cancel, "ok")
+                tg.start_soon(lanes.close)
+                await settle()
+                finalizers_may_end.set()
+        assert set(order) == {
+            "body ok",
+            "body fails",
+            "finalizer ok",
+            "finalizer fails",
+            "finalizer ok done",
+            "finalizer fails done",
+        }
+        assert order.index("body ok") < order.index("finalizer ok")
+        assert sorted(exits, key=lambda e: e.key) == [
+            ActivationFailed("fails", error),
+            ActivationSucceeded("ok"),
+        ]
+
+
+async def test_a_raising_finalizer_fails_the_activation_with_only_its_error() -> None:
+    with anyio.fail_after(5):
+        finalizer_error = OSError("cleanup")
+        exits: list[Exit] = []
+
+        async def broken() -> None:
+            raise finalizer_error
+
+        async def activate(key: str) -> None:
+            activation = current_activation()
+            assert activation is not None
+            activation.exit_stack.push_async_callback(broken)
+            if key == "fails":
+                raise ValueError("body")
+            if key == "stopped":
+                await anyio.sleep_forever()
+
+        async with create_lanes(3, activate=activate, on_exit=exits.append) as lanes:
+            for key in ("ok", "fails", "stopped"):
+                lanes.wake(key)
+            await settle()
+            await lanes.cancel("stopped")
+        assert sorted(exits, key=lambda e: e.key) == [
+            ActivationFailed("fails", finalizer_error),
+            ActivationFailed("ok", finalizer_error),
+            ActivationFailed("stopped", finalizer_error),
+        ]
+
+
+async def test_a_stop_during_the_bodys_own_finally_is_an_interruption() -> None:
+    with anyio.fail_after(5):
+        in_finally = anyio.Event()
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            try:
+                pass
+            finally:
+                in_finally.set()
+                await anyio.sleep_forever()
+
+        async with create_lanes(1, activate=activate, on_exit=exits.append) as lanes:
+            lanes.wake("a")
+            await in_finally.wait()
+            await lanes.cancel("a")
+        assert exits == [ActivationInterrupted("a", "cancel")]
+
+
+async def test_on_exit_runs_shielded_and_the_slot_passes_on_only_after_it_returns() -> None:
+    with anyio.fail_after(5):
+        probe = Probe()
+        in_on_exit = anyio.Event()
+        on_exit_may_end = anyio.Event()
+
+        async def on_exit(outcome: Exit) -> None:
+            probe.log.append(("on_exit", outcome.key))
+            in_on_exit.set()
+            await on_exit_may_end.wait()
+            await anyio.lowlevel.checkpoint()  # a stop cannot cut it short
+            probe.log.append(("on_exit done", outcome.key))
+
+        async with create_lanes(1, activate=probe.activate, on_exit=on_exit) as lanes:
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+            probe.release("a")
+            await in_on_exit.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lanes.cancel, "a")
+                await settle()
+                assert lanes.status().running == 1
+                assert probe.starts() == ["a"]
+                on_exit_may_end.set()
+            await settle()
+            assert probe.log == [
+                ("start", "a"),
+                ("on_exit", "a"),
+                ("on_exit done", "a"),
+                ("start", "b"),
+            ]
+
+
+async def test_an_on_exit_error_is_logged_as_a_warning_and_the_lane_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+
+        async def activate(key: str) -> None:
+            pass
+
+        def on_exit(outcome: Exit) -> None:
+            raise RuntimeError("report failed")
+
+        caplog.set_level(logging.WARNING, logger="lovely_coordinator")
+        async with create_lanes(1, activate=activate, on_exit=on_exit) as lanes:
+            lanes.wake("room:1")
+            await settle()
+            assert lanes.wake("room:1") == "started"
+            await settle()
+        records = [r for r in caplog.records if "on_exit failed for room:1" in r.getMessage()]
+        assert len(records) == 2
+        assert records[0].levelno == logging.WARNING
+        assert records[0].exc_info is not None
+        assert isinstance(records[0].exc_info[1], RuntimeError)
+
+
+async def test_without_on_exit_activations_still_run() -> None:
+    with anyio.fail_after(5):
+        ran: list[str] = []
+
+        async def activate(key: str) -> None:
+            ran.append(key)
+
+        async with create_lanes(1, activate=activate) as lanes:
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+        assert ran == ["a", "b"]
+
+
+# --- context and current_activation -------------------------------------------------------
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+
+
+async def test_activations_and_on_exit_run_in_the_context_lanes_were_created_in() -> None:
+    with anyio.fail_after(5):
+        seen: list[tuple[str, str]] = []
+
+        async def activate(key: str) -> None:
+            seen.append(("activate", request_id.get()))
+            request_id.set("changed by the body")
+
+        def on_exit(outcome: Exit) -> None:
+            seen.append(("on_exit", request_id.get()))
+
+        token = request_id.set("creator")
+        try:
+            async with create_lanes(1, activate=activate, on_exit=on_exit) as lanes:
+                request_id.set("later in the creator")
+
+                async def waker() -> None:
+                    request_id.set("waker")
+                    lanes.wake("a")
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waker)
+                await settle()
+                lanes.wake("b")
+                await settle()
+        finally:
+            request_id.reset(token)
+        assert seen[0] == ("activate", "creator")
+        assert seen[2] == ("activate", "creator")  # the first body's change did not leak
+        assert request_id.get() == "none"
+
+
+@TRIO_MOCK
+async def test_current_activation_inside_and_outside() -> None:
+    with anyio.fail_after(1000):
+        seen: list[tuple[str, float, bool]] = []
+        exits: list[Exit] = []
+
+        async def child(key: str) -> None:
+            activation = current_activation()
+            assert activation is not None
+            seen.append((f"child of {activation.key}", activation.started_at, True))
+
+        async def activate(key: str) -> None:
+            activation = current_activation()
+            assert activation is not None
+            seen.append((activation.key, activation.started_at, True))
+            assert activation.started_at == anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child, key)
+            await anyio.sleep(3)
+
+        def on_exit(outcome: Exit) -> None:
+            exits.append(outcome)
+            assert current_activation() is None
+
+        assert current_activation() is None
+        async with create_lanes(1, activate=activate, on_exit=on_exit) as lanes:
+            start = anyio.current_time()
+            lanes.wake("a")
+            lanes.wake("b")
+            await anyio.sleep(10)
+        assert seen == [
+            ("a", start, True),
+            ("child of a", start, True),
+            ("b", start + 3, True),
+            ("child of b", start + 3, True),
+        ]
+        assert exits == [ActivationSucceeded("a"), ActivationSucceeded("b")]
+
+
+# --- turn timeout (deterministic on trio's MockClock, short real times on asyncio) ---------
+
+
+@TRIO_MOCK
+async def test_timeout_counts_from_each_activations_own_start() -> None:
+    with anyio.fail_after(1000):
+        ended_at: dict[str, float] = {}
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            if key == "quick":
+                await anyio.sleep(4)
+                return
+            await anyio.sleep_forever()
+
+        def on_exit(outcome: Exit) -> None:
+            exits.append(outcome)
+            ended_at[outcome.key] = anyio.current_time()
+
+        async with create_lanes(1, turn_timeout=10, activate=activate, on_exit=on_exit) as lanes:
+            start = anyio.current_time()
+            lanes.wake("quick")
+            lanes.wake("slow")
+            await anyio.sleep(100)
+        assert exits == [ActivationSucceeded("quick"), ActivationInterrupted("slow", "timeout")]
+        assert ended_at == {"quick": start + 4, "slow": start + 14}
+
+
+async def test_timeout_with_real_time() -> None:
+    with anyio.fail_after(5):
+        exits: list[Exit] = []
+        both_ended = anyio.Event()
+
+        def on_exit(outcome: Exit) -> None:
+            exits.append(outcome)
+            if len(exits) == 2:
+                both_ended.set()
+
+        async with create_lanes(
+            1, turn_timeout=0.02, activate=lambda key: anyio.sleep_forever(), on_exit=on_exit
+        ) as lanes:
+            lanes.wake("a")
+            lanes.wake("b")
+            await both_ended.wait()
+        assert exits == [
+            ActivationInterrupted("a", "timeout"),
+            ActivationInterrupted("b", "timeout"),
+        ]
+
+
+def slow_cleanup(seconds: float, log: list[str]) -> Callable[[str], object]:
+    """A body that, once stopped, spends ``seconds`` in its own (shielded) cleanup."""
+
+    async def activate(key: str) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            log.append(f"stopped at {anyio.current_time():g}")
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(seconds)
+
+    return activate
+
+
+@TRIO_MOCK
+async def test_a_cancel_before_the_deadline_keeps_its_reason_through_a_long_cleanup() -> None:
+    with anyio.fail_after(1000):
+        log: list[str] = []
+        exits: list[Exit] = []
+        async with create_lanes(
+            1,
+            turn_timeout=10,
+            activate=slow_cleanup(30, log),  # type: ignore[arg-type]
+            on_exit=exits.append,
+        ) as lanes:
+            start = anyio.current_time()
+            lanes.wake("a")
+            await anyio.sleep(2)
+            await lanes.cancel("a")
+            assert anyio.current_time() == start + 32
+        assert exits == [ActivationInterrupted("a", "cancel")]
+
+
+@TRIO_MOCK
+async def test_a_timeout_before_a_cancel_keeps_its_reason() -> None:
+    with anyio.fail_after(1000):
+        log: list[str] = []
+        exits: list[Exit] = []
+        async with create_lanes(
+            1,
+            turn_timeout=10,
+            activate=slow_cleanup(30, log),  # type: ignore[arg-type]
+            on_exit=exits.append,
+        ) as lanes:
+            start = anyio.current_time()
+            lanes.wake("a")
+            await anyio.sleep(12)  # the deadline passed; the body is in its cleanup
+            await lanes.cancel("a")
+            assert anyio.current_time() == start + 40
+        assert exits == [ActivationInterrupted("a", "timeout")]
+
+
+@TRIO_MOCK
+async def test_a_deadline_during_finalizers_keeps_the_bodys_success() -> None:
+    with anyio.fail_after(1000):
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            activation = current_activation()
+            assert activation is not None
+            activation.exit_stack.push_async_callback(anyio.sleep, 30)
+            await anyio.sleep(5)
+
+        async with create_lanes(
+            1, turn_timeout=10, activate=activate, on_exit=exits.append
+        ) as lanes:
+            lanes.wake("a")
+            await anyio.sleep(50)
+        assert exits == [ActivationSucceeded("a")]
+
+
+# --- randomized: every step keeps the invariants ------------------------------------------
+
+
+class Fuzz:
+    """Drives random wakes, cancels, completions, clock advances and a close."""
+
+    def __init__(self, rng: random.Random, max_concurrent: int, max_queued: int | None) -> None:
+        self.rng = rng
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.keys = [f"k{i}" for i in range(8)]
+        self.releases: dict[str, anyio.Event] = {}
+        self.active: set[str] = set()  # bodies running now
+        self.unreported: set[str] = set()  # activate called, on_exit not yet
+        self.records = 0  # activations the lanes recorded as started
+        self.reports = 0
+        self.closing = False
+        # The lanes turn an exception in activate or on_exit into an outcome or a log
+        # line, so the checks made there are collected here and asserted by check().
+        self.violations: list[str] = []
+
+    def expect(self, condition: bool, violation: str) -> None:
+        if not condition:
+            self.violations.append(violation)
+
+    def count_records(self, lanes: Lanes) -> None:
+        # Every activation recorded as started, whether or not activate is ever called,
+        # must be reported exactly once: count them where they are made.
+        self.lanes = lanes
+        state = lanes._state
+        new_record = state._new_record
+
+        def counted(key: str) -> _Run:
+            self.records += 1
+            return new_record(key)
+
+        state._new_record = counted
+
+    async def activate(self, key: str) -> None:
+        self.expect(not self.closing, "an activation started after close")
+        self.expect(key not in self.unreported, "two activations of one key overlap")
+        self.expect(len(self.active) < self.max_concurrent, "more bodies than slots")
+        stop = self.lanes._state.running[key].stop
+        self.expect(stop is None, f"activate called after a stop ({stop})")
+        self.active.add(key)
+        self.unreported.add(key)
+        release = self.releases[key] = anyio.Event()
+        try:
+            activation = current_activation()
+            self.expect(activation is not None and activation.key == key, "no activation")
+            if activation is not None and self.rng.random() < 0.3:
+                activation.exit_stack.push_async_callback(anyio.sleep, self.rng.random())
+            await release.wait()
+            if self.rng.random() < 0.2:
+                raise ValueError("random failure")
+        finally:
+            self.active.discard(key)
+            del self.releases[key]
+
+    def on_exit(self, outcome: Exit) -> None:
+        self.reports += 1
+        if outcome.key in self.unreported:
+            self.unreported.discard(outcome.key)
+        else:  # stopped before its task ran: never activated
+            self.expect(isinstance(outcome, ActivationInterrupted), f"unmatched {outcome}")
+
+    def check(self, lanes: Lanes) -> None:
+        assert self.violations == []
+        status = lanes.status()
+        assert status.running <= self.max_concurrent
+        assert self.max_queued is None or status.queued <= self.max_queued
+        keys = [lane.key for lane in status.lanes]
+        assert len(keys) == len(set(keys)), "a key twice"
+        assert status.queued == 0 or status.running == self.max_concurrent
+        assert len(self.active) <= status.running
+        lanes._state.check_invariants()
+
+    def wake(self, lanes: Lanes, key: str) -> None:
+        before = lanes.status()
+        try:
+            result = lanes.wake(key)
+        except LaneQueueFull:
+            assert before.queued == self.max_queued
+            assert key not in {lane.key for lane in before.lanes}
+        except LanesClosed:
+            assert self.closing
+        else:
+            assert not self.closing
+            if key in {lane.key for lane in before.lanes}:
+                assert result == "coalesced"
+            elif before.queued == 0 and before.running < self.max_concurrent:
+                assert result == "started"
+            else:
+                assert result == "queued"
+
+    async def step(self, lanes: Lanes, tg: anyio.abc.TaskGroup, timed: bool) -> None:
+        action = self.rng.random()
+        key = self.rng.choice(self.keys)
+        if action < 0.4:
+            self.wake(lanes, key)
+        elif action < 0.7:
+            if self.releases:
+                self.releases[self.rng.choice(sorted(self.releases))].set()
+        elif action < 0.8:
+            tg.start_soon(lanes.cancel, key)
+        elif action < 0.85:
+            # The cancel may reach the new activation before or after its task first ran.
+            self.wake(lanes, key)
+            tg.start_soon(lanes.cancel, key)
+        else:
+            await anyio.sleep(self.rng.choice([0, 0.5, 3, 7]) if timed else 0)
+
+    async def close(self, lanes: Lanes) -> None:
+        self.closing = True
+        await lanes.close()
+
+
+async def run_fuzz(seed: int, timed: bool, steps: int) -> None:
+    rng = random.Random(seed)
+    fuzz = Fuzz(rng, rng.randint(1, 4), rng.choice([None, 0, 1, 3]))
+    turn_timeout = rng.choice([None, 5.0]) if timed else None
+    async with (
+        create_lanes(
+            fuzz.max_concurrent,
+            fuzz.max_queued,
+            turn_timeout,
+            activate=fuzz.activate,
+            on_exit=fuzz.on_exit,
+        ) as lanes,
+        anyio.create_task_group() as tg,
+    ):
+        fuzz.count_records(lanes)
+        close_at = rng.randrange(steps * 3 // 4, steps)  # and keep going after it
+        for step in range(steps):
+            if step == close_at:
+                fuzz.wake(lanes, rng.choice(fuzz.keys))  # may start a task close then stops
+                tg.start_soon(fuzz.close, lanes)
+            else:
+                await fuzz.step(lanes, tg, timed)
+            await settle()
+            fuzz.check(lanes)
+        await fuzz.close(lanes)
+        fuzz.check(lanes)
+    assert not fuzz.unreported, "an activation was never reported"
+    assert fuzz.reports == fuzz.records
+
+
+@TRIO_MOCK
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_operations_keep_every_invariant_timed(seed: int) -> None:
+    with anyio.fail_after(100_000):
+        await run_fuzz(seed, timed=True, steps=400)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_operations_keep_every_invariant(seed: int) -> None:
+    with anyio.fail_after(10):
+        await run_fuzz(seed, timed=False, steps=100)
