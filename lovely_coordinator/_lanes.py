@@ -197,7 +197,15 @@ class Lanes:
     longest; a lane woken while it ran waits behind the lanes queued meanwhile.
     """
 
-    __slots__ = ("_activate", "_context", "_on_exit", "_state", "_task_group", "_timeout")
+    __slots__ = (
+        "_activate",
+        "_context",
+        "_max_concurrent",
+        "_on_exit",
+        "_state",
+        "_task_group",
+        "_timeout",
+    )
 
     def __init__(
         self,
@@ -209,11 +217,18 @@ class Lanes:
     ) -> None:
         """Internal: use :func:`create_lanes`."""
         self._state: LanesState[_Run] = LanesState(config.max_concurrent, config.max_queued, _Run)
+        self._max_concurrent = config.max_concurrent
         self._timeout = math.inf if config.turn_timeout is None else config.turn_timeout
         self._activate = activate
         self._on_exit = on_exit
         self._task_group = task_group
         self._context = context
+
+    def __repr__(self) -> str:
+        state = self._state
+        running = f"{len(state.running)}/{self._max_concurrent} running"
+        closed = ", closed" if state.closed else ""
+        return f"<Lanes {running}, {state.queued} queued{closed}>"
 
     def wake(self, key: str) -> WakeResult:
         """Ask for one more activation of ``key``. Never waits.
@@ -235,9 +250,13 @@ class Lanes:
         """Drop the wakes ``key`` owes and interrupt its running activation.
 
         Returns once that activation has ended, finalizers and ``on_exit`` included, and
-        its slot has been handed on; at once if nothing runs. The cancellation takes
+        its slot has been handed on; at once if nothing runs. Wakes that arrive later are
+        served as usual. The cancellation takes
         effect even if the caller is cancelled while it waits. Never call this from
         ``on_exit`` for the key being reported: it would wait for itself.
+
+        Raises:
+            InvalidArgumentTypeError: ``key`` is not a ``str``.
         """
         record = self._state.cancel(key)
         if record is None:

@@ -202,7 +202,12 @@ class LanesState(Generic[R]):
         """Drop what ``key`` owes: leave the queue, or clear a running lane's ``pending``.
 
         Returns the running record, which the caller must stop, or None when nothing runs.
+
+        Raises:
+            InvalidArgumentTypeError: ``key`` is not a ``str``.
         """
+        if not isinstance(key, str):
+            raise InvalidArgumentTypeError("Lane keys must be strings")
         queue = self._queue
         if key in queue:
             del queue[key]

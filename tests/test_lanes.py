@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import math
@@ -254,7 +255,40 @@ async def test_non_string_key_is_rejected() -> None:
         async with probed(1) as (lanes, _):
             with pytest.raises(InvalidArgumentError, match=r"^Lane keys must be strings$"):
                 lanes.wake(b"a")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"^Lane keys must be strings$"):
+                await lanes.cancel(["a"])  # type: ignore[arg-type]
             assert lanes.status().lanes == ()
+
+
+async def test_repr_shows_the_counts() -> None:
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, _):
+            lanes.wake("a")
+            lanes.wake("b")
+            assert repr(lanes) == "<Lanes 1/1 running, 1 queued>"
+        assert repr(lanes) == "<Lanes 0/1 running, 0 queued, closed>"
+
+
+async def test_a_lane_woken_by_its_own_activation_or_on_exit_runs_once_more() -> None:
+    with anyio.fail_after(5):
+        runs: list[str] = []
+        own: list[Lanes] = []
+
+        async def activate(key: str) -> None:
+            runs.append(key)
+            if runs.count(key) == 1:
+                assert own[0].wake(key) == "coalesced"
+
+        def on_exit(outcome: Exit) -> None:
+            if runs.count(outcome.key) == 2:
+                assert own[0].wake(outcome.key) == "coalesced"
+
+        async with create_lanes(1, activate=activate, on_exit=on_exit) as lanes:
+            own.append(lanes)
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+            assert runs == ["a", "b", "a", "b", "a", "b"]
 
 
 # --- cancel ----------------------------------------------------------------------------
@@ -584,6 +618,33 @@ async def test_finalizers_run_after_the_body_and_a_stop_during_them_keeps_the_ou
             ActivationFailed("fails", error),
             ActivationSucceeded("ok"),
         ]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_body_that_interrupts_itself_has_failed() -> None:
+    with anyio.fail_after(5):
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            if key == "raises":
+                raise asyncio.CancelledError
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # not a stop by the lanes
+            await asyncio.sleep(1)
+
+        async with create_lanes(2, activate=activate, on_exit=exits.append) as lanes:
+            lanes.wake("raises")
+            lanes.wake("cancels itself")
+            await settle()
+            assert lanes.wake("raises") == "started"  # the lane keeps working
+            await settle()
+        assert [(type(e), e.key) for e in exits] == [
+            (ActivationFailed, "raises"),
+            (ActivationFailed, "cancels itself"),
+            (ActivationFailed, "raises"),
+        ]
+        assert all(isinstance(e.cause, asyncio.CancelledError) for e in exits)  # type: ignore[union-attr]
 
 
 async def test_a_raising_finalizer_fails_the_activation_with_only_its_error() -> None:
