@@ -131,9 +131,11 @@ class ActivationFailed:
 @final
 @dataclass(frozen=True, slots=True)
 class ActivationInterrupted:
-    """The lanes cut the body short (or stopped it before ``activate`` was called).
+    """The lanes stopped the body while it ran, or before ``activate`` was called.
 
-    ``reason`` is the first stop written: ``"cancel"``, ``"close"`` or ``"timeout"``.
+    A stop that lands while the body runs decides the outcome, however the body then
+    ends (a plain ``try/finally`` in the body is part of the body). ``reason`` is the
+    first stop: ``"cancel"``, ``"close"`` or ``"timeout"``.
     """
 
     key: str
@@ -251,9 +253,9 @@ class Lanes:
 
         Returns once that activation has ended, finalizers and ``on_exit`` included, and
         its slot has been handed on; at once if nothing runs. Wakes that arrive later are
-        served as usual. The cancellation takes
-        effect even if the caller is cancelled while it waits. Never call this from
-        ``on_exit`` for the key being reported: it would wait for itself.
+        served as usual. The cancellation takes effect even if the caller is cancelled
+        while it waits. Never call this from ``on_exit`` for the key being reported: it
+        would wait for itself.
 
         Raises:
             InvalidArgumentTypeError: ``key`` is not a ``str``.

@@ -7,8 +7,9 @@ import contextvars
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -42,7 +43,37 @@ TRIO_MOCK = pytest.mark.parametrize(
     [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
 )
 
+TIMED = pytest.mark.parametrize(
+    "anyio_backend",
+    [
+        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock"),
+        pytest.param("asyncio", id="asyncio-real-time"),
+    ],
+)
+
 settle = anyio.wait_all_tasks_blocked
+
+
+class Clock:
+    """Test durations: exact virtual seconds on trio's MockClock, hundredths of real
+    seconds on asyncio (where a time is checked only to lie in a window after it)."""
+
+    def __init__(self, anyio_backend: object) -> None:
+        self.exact = anyio_backend != "asyncio"
+        self.scale = 1.0 if self.exact else 0.01
+
+    def __call__(self, seconds: float) -> float:
+        return seconds * self.scale
+
+    def at(self, actual: float, expected: float) -> bool:
+        if self.exact:
+            return actual == expected
+        return expected - 1e-3 <= actual < expected + 0.25
+
+
+@pytest.fixture
+def clock(anyio_backend: object) -> Clock:
+    return Clock(anyio_backend)
 
 
 class Probe:
@@ -846,15 +877,15 @@ async def test_current_activation_inside_and_outside() -> None:
 # --- turn timeout (deterministic on trio's MockClock, short real times on asyncio) ---------
 
 
-@TRIO_MOCK
-async def test_timeout_counts_from_each_activations_own_start() -> None:
-    with anyio.fail_after(1000):
+@TIMED
+async def test_timeout_counts_from_each_activations_own_start(clock: Clock) -> None:
+    with anyio.fail_after(clock(1000)):
         ended_at: dict[str, float] = {}
         exits: list[Exit] = []
 
         async def activate(key: str) -> None:
             if key == "quick":
-                await anyio.sleep(4)
+                await anyio.sleep(clock(4))
                 return
             await anyio.sleep_forever()
 
@@ -862,13 +893,16 @@ async def test_timeout_counts_from_each_activations_own_start() -> None:
             exits.append(outcome)
             ended_at[outcome.key] = anyio.current_time()
 
-        async with create_lanes(1, turn_timeout=10, activate=activate, on_exit=on_exit) as lanes:
+        async with create_lanes(
+            1, turn_timeout=clock(10), activate=activate, on_exit=on_exit
+        ) as lanes:
             start = anyio.current_time()
             lanes.wake("quick")
             lanes.wake("slow")
-            await anyio.sleep(100)
+            await anyio.sleep(clock(20))
         assert exits == [ActivationSucceeded("quick"), ActivationInterrupted("slow", "timeout")]
-        assert ended_at == {"quick": start + 4, "slow": start + 14}
+        assert clock.at(ended_at["quick"], start + clock(4))
+        assert clock.at(ended_at["slow"], ended_at["quick"] + clock(10))
 
 
 async def test_timeout_with_real_time() -> None:
@@ -893,75 +927,66 @@ async def test_timeout_with_real_time() -> None:
         ]
 
 
-def slow_cleanup(seconds: float, log: list[str]) -> Callable[[str], object]:
-    """A body that, once stopped, spends ``seconds`` in its own (shielded) cleanup."""
-
-    async def activate(key: str) -> None:
-        try:
-            await anyio.sleep_forever()
-        finally:
-            log.append(f"stopped at {anyio.current_time():g}")
-            with anyio.CancelScope(shield=True):
-                await anyio.sleep(seconds)
-
-    return activate
-
-
-@TRIO_MOCK
-async def test_a_cancel_before_the_deadline_keeps_its_reason_through_a_long_cleanup() -> None:
-    with anyio.fail_after(1000):
-        log: list[str] = []
+@TIMED
+@pytest.mark.parametrize(
+    ("cancel_at", "stopped_at", "reason"),
+    [
+        pytest.param(2, 2, "cancel", id="cancel-then-deadline-during-cleanup"),
+        pytest.param(12, 10, "timeout", id="deadline-then-cancel-during-cleanup"),
+    ],
+)
+async def test_the_first_stop_reason_wins(
+    clock: Clock, cancel_at: float, stopped_at: float, reason: Literal["cancel", "timeout"]
+) -> None:
+    with anyio.fail_after(clock(1000)):
+        stops: list[float] = []
         exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                stops.append(anyio.current_time())
+                with anyio.CancelScope(shield=True):  # a long cleanup of the body's own
+                    await anyio.sleep(clock(30))
+
         async with create_lanes(
-            1,
-            turn_timeout=10,
-            activate=slow_cleanup(30, log),  # type: ignore[arg-type]
-            on_exit=exits.append,
+            1, turn_timeout=clock(10), activate=activate, on_exit=exits.append
         ) as lanes:
             start = anyio.current_time()
             lanes.wake("a")
-            await anyio.sleep(2)
+            await anyio.sleep(clock(cancel_at))
             await lanes.cancel("a")
-            assert anyio.current_time() == start + 32
-        assert exits == [ActivationInterrupted("a", "cancel")]
+            assert clock.at(anyio.current_time(), stops[0] + clock(30))
+        assert len(stops) == 1
+        assert clock.at(stops[0], start + clock(stopped_at))
+        assert exits == [ActivationInterrupted("a", reason)]
 
 
-@TRIO_MOCK
-async def test_a_timeout_before_a_cancel_keeps_its_reason() -> None:
-    with anyio.fail_after(1000):
-        log: list[str] = []
+@TIMED
+async def test_a_deadline_during_finalizers_keeps_the_bodys_success(clock: Clock) -> None:
+    with anyio.fail_after(clock(1000)):
         exits: list[Exit] = []
-        async with create_lanes(
-            1,
-            turn_timeout=10,
-            activate=slow_cleanup(30, log),  # type: ignore[arg-type]
-            on_exit=exits.append,
-        ) as lanes:
-            start = anyio.current_time()
-            lanes.wake("a")
-            await anyio.sleep(12)  # the deadline passed; the body is in its cleanup
-            await lanes.cancel("a")
-            assert anyio.current_time() == start + 40
-        assert exits == [ActivationInterrupted("a", "timeout")]
+        finalized_at: list[float] = []
 
-
-@TRIO_MOCK
-async def test_a_deadline_during_finalizers_keeps_the_bodys_success() -> None:
-    with anyio.fail_after(1000):
-        exits: list[Exit] = []
+        async def finalizer() -> None:
+            await anyio.sleep(clock(30))  # past the deadline, and not cut short by it
+            finalized_at.append(anyio.current_time())
 
         async def activate(key: str) -> None:
             activation = current_activation()
             assert activation is not None
-            activation.exit_stack.push_async_callback(anyio.sleep, 30)
-            await anyio.sleep(5)
+            activation.exit_stack.push_async_callback(finalizer)
+            await anyio.sleep(clock(5))
 
         async with create_lanes(
-            1, turn_timeout=10, activate=activate, on_exit=exits.append
+            1, turn_timeout=clock(10), activate=activate, on_exit=exits.append
         ) as lanes:
+            start = anyio.current_time()
             lanes.wake("a")
-            await anyio.sleep(50)
+            await anyio.sleep(clock(50))
         assert exits == [ActivationSucceeded("a")]
+        assert clock.at(finalized_at[0], start + clock(35))
 
 
 # --- randomized: every step keeps the invariants ------------------------------------------
