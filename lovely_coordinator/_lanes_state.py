@@ -146,10 +146,12 @@ class LanesState(Generic[R]):
         max_queued: int | None,
         new_record: Callable[[str], R],
     ) -> None:
-        """Args:
-        max_concurrent: slots (≥ 1, already validated).
-        max_queued: bound on waiting lanes (≥ 0), or None for no bound.
-        new_record: builds the record of a starting activation for a key.
+        """Create an empty, open state.
+
+        Args:
+            max_concurrent: slots (an int ≥ 1; validated by the caller).
+            max_queued: bound on waiting lanes (an int ≥ 0), or None for no bound.
+            new_record: builds the record of an activation starting for a key.
         """
         self._max_concurrent = max_concurrent
         self._max_queued = max_queued

@@ -651,6 +651,34 @@ async def test_finalizers_run_after_the_body_and_a_stop_during_them_keeps_the_ou
         ]
 
 
+# trio only: asyncio re-raises a SystemExit from any task straight out of the event loop.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_system_exit_in_a_body_is_reported_then_ends_the_lanes() -> None:
+    with anyio.fail_after(5):
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            if key == "exit":
+                raise SystemExit(3)
+            await anyio.sleep_forever()
+
+        async def run() -> None:
+            async with create_lanes(2, activate=activate, on_exit=exits.append) as lanes:
+                lanes.wake("other")
+                lanes.wake("exit")
+                await anyio.sleep_forever()
+
+        with pytest.raises(BaseExceptionGroup) as info:
+            await run()
+        assert info.group_contains(SystemExit)
+        by_key = {e.key: e for e in exits}
+        assert len(exits) == len(by_key) == 2
+        assert by_key["other"] == ActivationInterrupted("other", "close")
+        failed = by_key["exit"]
+        assert isinstance(failed, ActivationFailed)
+        assert isinstance(failed.cause, SystemExit)
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_body_that_interrupts_itself_has_failed() -> None:
     with anyio.fail_after(5):

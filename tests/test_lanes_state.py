@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections import deque
 
@@ -162,6 +163,18 @@ def test_close_refuses_wakes_drops_queue_and_pending_and_never_starts_again() ->
     assert state.finish(record) is None
     assert state.close() == []
     assert state.status() == LanesStatus(0, 0, True, ())
+
+
+def test_status_is_a_frozen_snapshot() -> None:
+    state = make(1)
+    state.wake("a")
+    status = state.status()
+    state.wake("b")
+    assert status == LanesStatus(1, 0, False, (LaneSnapshot("a", "running", False),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.running = 2  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.lanes[0].pending = True  # type: ignore[misc]
 
 
 def test_non_string_key_is_a_type_error_and_changes_nothing() -> None:
