@@ -1023,10 +1023,18 @@ async def test_a_deadline_during_finalizers_keeps_the_bodys_success(clock: Clock
 class Fuzz:
     """Drives random wakes, cancels, completions, clock advances and a close."""
 
-    def __init__(self, rng: random.Random, max_concurrent: int, max_queued: int | None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        max_concurrent: int,
+        max_queued: int | None,
+        turn_timeout: float | None,
+    ) -> None:
         self.rng = rng
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
+        self.turn_timeout = turn_timeout
+        self.started_at: dict[str, float] = {}
         self.keys = [f"k{i}" for i in range(8)]
         self.releases: dict[str, anyio.Event] = {}
         self.active: set[str] = set()  # bodies running now
@@ -1045,7 +1053,7 @@ class Fuzz:
     def count_records(self, lanes: Lanes) -> None:
         # Every activation recorded as started, whether or not activate is ever called,
         # must be reported exactly once: count them where they are made.
-        self.lanes = lanes
+        self.lanes = lanes  # activate() reads its record's stop cell
         state = lanes._state
         new_record = state._new_record
 
@@ -1067,6 +1075,8 @@ class Fuzz:
         try:
             activation = current_activation()
             self.expect(activation is not None and activation.key == key, "no activation")
+            if activation is not None:
+                self.started_at[key] = activation.started_at
             if activation is not None and self.rng.random() < 0.3:
                 activation.exit_stack.push_async_callback(anyio.sleep, self.rng.random())
             await release.wait()
@@ -1080,6 +1090,10 @@ class Fuzz:
         self.reports += 1
         if outcome.key in self.unreported:
             self.unreported.discard(outcome.key)
+            if isinstance(outcome, ActivationInterrupted) and outcome.reason == "timeout":
+                ran = anyio.current_time() - self.started_at[outcome.key]
+                limit = math.inf if self.turn_timeout is None else self.turn_timeout
+                self.expect(ran >= limit, f"timed out after {ran}")
         else:  # stopped before its task ran: never activated
             self.expect(isinstance(outcome, ActivationInterrupted), f"unmatched {outcome}")
 
@@ -1136,13 +1150,13 @@ class Fuzz:
 
 async def run_fuzz(seed: int, timed: bool, steps: int) -> None:
     rng = random.Random(seed)
-    fuzz = Fuzz(rng, rng.randint(1, 4), rng.choice([None, 0, 1, 3]))
     turn_timeout = rng.choice([None, 5.0]) if timed else None
+    fuzz = Fuzz(rng, rng.randint(1, 4), rng.choice([None, 0, 1, 3]), turn_timeout)
     async with (
         create_lanes(
             fuzz.max_concurrent,
             fuzz.max_queued,
-            turn_timeout,
+            fuzz.turn_timeout,
             activate=fuzz.activate,
             on_exit=fuzz.on_exit,
         ) as lanes,
