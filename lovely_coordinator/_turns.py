@@ -96,8 +96,9 @@ class Job:
     Args:
         run: the turn; called with the lease's fencing token (0 without a locker).
         on_dequeue: called (sync) when a job that had to wait reaches the head of its
-            queue, just before its lease is acquired. Never called for a job that started
-            at once, nor for a dropped one.
+            queue, just before its lease is acquired (or it runs, without a locker).
+            Never called for a job that started at once, for a dropped one, nor for one
+            refused without a lease attempt because the registry drains.
         on_refused: called (sync) with the error when the turn is refused: the lease could
             not be had (:class:`CoordinationUnavailableError`) or the registry was draining
             (:class:`DrainingError`).

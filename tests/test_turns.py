@@ -15,6 +15,7 @@ from trio.testing import MockClock
 
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
+from lovely_coordinator._turns_state import Multitask
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,
@@ -23,7 +24,6 @@ from lovely_coordinator.turns import (
     Job,
     Lease,
     LeaseLostError,
-    Multitask,
     QueueFullError,
     TurnDropped,
     TurnInterrupted,
@@ -162,9 +162,7 @@ def test_public_names() -> None:
         "Job",
         "Lease",
         "LeaseLostError",
-        "LeaseSignal",
         "Locker",
-        "Multitask",
         "QueueFullError",
         "TurnDropped",
         "TurnInterrupted",
@@ -523,11 +521,16 @@ async def test_drain_without_locker_refuses_new_turns_and_runs_queued_ones() -> 
             turns.drain()
             turns.drain()  # idempotent
             assert turns.draining
+            refused = Job(rec.turn("x"))
             for mode in ("enqueue", "reject", "interrupt", "replace_queued"):
                 with pytest.raises(
                     DrainingError, match=r"^this server is shutting down; retry the turn$"
                 ):
-                    turns.submit("other", Job(rec.turn("x")), mode)
+                    turns.submit("other", refused, mode)
+                with pytest.raises(DrainingError):
+                    turns.submit("conv", refused, mode)
+            assert (refused.done, refused.dropped, refused.error) == (False, False, None)
+            assert turns.waiting("conv") == 1
             with pytest.raises(DrainingError):
                 await turns.run("conv", rec.turn("y"))
             gate.set()
