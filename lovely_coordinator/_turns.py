@@ -33,12 +33,23 @@ from ._turns_errors import (
 )
 from ._turns_state import Multitask, TurnTable, check_multitask
 
-__all__ = ["DEFAULT_MAX_QUEUED", "Job", "Lease", "LeaseSignal", "Locker", "TurnRegistry"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "RELEASE_TIMEOUT",
+    "Job",
+    "Lease",
+    "LeaseSignal",
+    "Locker",
+    "TurnRegistry",
+]
 
 T = TypeVar("T")
 
 DEFAULT_MAX_QUEUED: Final = 10
 """How many turns may wait behind the running one in a conversation, by default."""
+
+RELEASE_TIMEOUT: Final = 30.0
+"""Seconds a lease's release may take before it is abandoned (and left to lapse)."""
 
 _log = logging.getLogger("lovely_coordinator.turns")
 
@@ -391,8 +402,14 @@ class TurnRegistry:
         return cast(T, job._result)
 
     def waiting(self, conversation_id: str) -> int:
-        """How many turns wait (not running) in the conversation; 0 when idle or unknown."""
-        return self._table.waiting(conversation_id)
+        """How many turns wait (not running) in the conversation; 0 when idle or unknown.
+
+        Dropped jobs not yet reached count: they hold their place until then.
+
+        Raises:
+            InvalidArgumentError: ``conversation_id`` is not a nonempty string.
+        """
+        return self._table.waiting(_check_conversation_id(conversation_id))
 
     def drain(self) -> None:
         """Refuse new turns with :class:`DrainingError`; idempotent.
@@ -519,11 +536,20 @@ class TurnRegistry:
                 await self._call(conversation_id, job, lease.fence)
                 task_group.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
+            # Shielded, so a cancelled turn still gives its lease back; bounded, so a
+            # locker that hangs cannot wedge the conversation (an unreleased lease lapses
+            # by itself).
+            with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as bound:
                 try:
                     await lease.release()
                 except Exception:
                     _log.exception("releasing the lease of conversation %r failed", conversation_id)
+            if bound.cancelled_caught:
+                _log.warning(
+                    "releasing the lease of conversation %r took over %s s; abandoned",
+                    conversation_id,
+                    RELEASE_TIMEOUT,
+                )
 
     @staticmethod
     async def _call(conversation_id: str, job: Job, fence: int) -> None:
