@@ -21,7 +21,7 @@ import asyncio
 import inspect
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import final
 
 import anyio
@@ -163,12 +163,13 @@ class UpdateHub:
                     subscription.callback,
                 )
 
-    async def watch(self) -> AsyncIterator[CoordinatorStatistics]:
+    async def watch(self) -> AsyncGenerator[CoordinatorStatistics]:
         """Yield the current statistics, then the latest statistics after each change.
 
         Changes that happen while the consumer is busy are coalesced into the next item.
-        The iterator never ends by itself; cancel the consuming scope or ``aclose()`` it.
-        Closing it leaves nothing registered.
+        The iterator never ends by itself: cancel the consuming scope, or leave the loop
+        inside ``async with contextlib.aclosing(coord.watch()) as updates:`` (which trio
+        asks of every async generator left early). Closing it leaves nothing registered.
         """
         seen = self._version
         yield self._snapshot()
