@@ -73,7 +73,9 @@ _verified: dict[str, tuple[object, object]] = {}
 def get_agent_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
     """The process-global agent coordinator, created by the first call in the process.
 
-    Every copy of the library in the process (vendored, reloaded) gets the same object.
+    Every copy of the library in the process (vendored, reloaded) gets the same object:
+    an instance of the class of whichever copy created it, so use it through its methods
+    rather than ``isinstance`` checks against your copy's :class:`AgentCoordinator`.
 
     Args:
         max_concurrency: the limit used if this call creates the coordinator; later calls
