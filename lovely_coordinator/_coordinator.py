@@ -520,7 +520,8 @@ class _PermitContext(_Admission):
         acceptance_order: int | None,
         reject: bool,
     ) -> None:
-        super().__init__(coordinator, None)
+        self._coordinator = coordinator
+        self._ticket = None
         self._t = t
         self._order = acceptance_order
         self._reject = reject

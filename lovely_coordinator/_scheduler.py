@@ -554,13 +554,17 @@ class Scheduler:
             if bypass and (not ready or _before(bypass[0], ready[0])):
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
-                self._grant_from(ready[0][2])
+                self._grant_from(ready[0][2], cleaned=True)
             else:
                 return
 
-    def _grant_from(self, state: TupleState) -> None:
-        """Grant the best ticket of ``state``'s heap and re-key the tuple in ``_ready``."""
-        state.head()  # drop dead entries from the top
+    def _grant_from(self, state: TupleState, cleaned: bool = False) -> None:
+        """Grant the best ticket of ``state``'s heap and re-key the tuple in ``_ready``.
+
+        ``cleaned``: the caller just checked that the heap's top entry is live.
+        """
+        if not cleaned:
+            state.head()  # drop dead entries from the top
         ticket = heapq.heappop(state.heap)[2]
         self._grant(ticket)
         head = state.head() if state.runnable else None
