@@ -339,7 +339,14 @@ class Scheduler:
         state = ticket.tuple_state
         entry = (ticket.order, ticket.seq, ticket)
         heapq.heappush(state.heap, entry)
-        if state.runnable and self.active < self.limit and not self._bypass and not self._ready:
+        if self.active >= self.limit:
+            # No capacity: nothing can be granted; only the ready entry may need a better
+            # key (the common case, a ticket behind the head, needs nothing at all).
+            current = state.entry
+            if current is None or entry < current:  # type: ignore[operator]
+                self._offer(state)
+            return
+        if state.runnable and not self._bypass and not self._ready:
             # Fast path: nobody else could run, so this ticket is the best one.
             self._grant_from(state)
             return
@@ -385,30 +392,27 @@ class Scheduler:
         A failed reacquire also ends the lend (``lent`` drops). No grant can follow from
         this: removing a waiter frees no capacity.
         """
-        assert ticket.state in (INACTIVE, QUEUED)
-        self._unqueue(ticket)
-        if ticket.bypass:
-            self.lent -= 1
-            ticket.bypass = False
-        ticket.state = DONE
-        parker = ticket.parker
+        parker = self.discard(ticket)
         if parker is not None:
-            ticket.parker = None
             parker.fail(error)
         else:
             ticket.error = error
-        self._forget_if_idle(ticket.tuple_state)
 
-    def discard(self, ticket: Ticket) -> None:
-        """Remove a queued ticket whose waiter already left (cancelled while queued)."""
+    def discard(self, ticket: Ticket) -> Wakeable | None:
+        """Remove a queued ticket without waking anyone (its waiter was cancelled).
+
+        Returns:
+            The parker that was attached, now detached (for :meth:`fail` to wake).
+        """
         assert ticket.state in (INACTIVE, QUEUED)
         self._unqueue(ticket)
         if ticket.bypass:
             self.lent -= 1
             ticket.bypass = False
         ticket.state = DONE
-        ticket.parker = None
+        parker, ticket.parker = ticket.parker, None
         self._forget_if_idle(ticket.tuple_state)
+        return parker
 
     def release(self, ticket: Ticket) -> None:
         """End a GRANTED or LENT ticket. A granted slot goes to the next waiter at once."""
@@ -434,7 +438,8 @@ class Scheduler:
             if state.limit is not None and state.active == state.limit - 1:
                 self._offer(state)  # it just dropped below its cap
             self._drain()
-        self._forget_if_idle(state)
+        if not state.active and not state.queued:
+            self._forget_if_idle(state)
 
     def _unqueue(self, ticket: Ticket) -> None:
         state = ticket.tuple_state
@@ -567,7 +572,8 @@ class Scheduler:
             state.head()  # drop dead entries from the top
         ticket = heapq.heappop(state.heap)[2]
         self._grant(ticket)
-        head = state.head() if state.runnable else None
+        limit = state.limit
+        head = state.head() if state.open and (limit is None or state.active < limit) else None
         entry = state.entry
         if head is None:
             if entry is not None and self._ready and self._ready[0] is entry:

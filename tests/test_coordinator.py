@@ -40,6 +40,8 @@ from lovely_coordinator._coordinator import (
 )
 
 pytestmark = pytest.mark.anyio
+# asyncio-only behaviour (native task.cancel()); the module is marked for anyio.
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 T = ModelTuple("openai", "gpt")
 U = ("anthropic", "claude")  # a plain pair works wherever a tuple does
@@ -318,7 +320,7 @@ async def test_cancel_right_after_the_grant_never_leaks() -> None:
         assert_idle(coord)
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 async def test_native_cancel_after_uncontended_grant_returns_the_slot() -> None:
     """asyncio can cancel a task after its grant, at acquire's final checkpoint."""
     async with asyncio.timeout(5):
@@ -333,7 +335,7 @@ async def test_native_cancel_after_uncontended_grant_returns_the_slot() -> None:
         assert coord.next_acceptance_order() == 2  # it had enqueued, so it took order 1
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 async def test_native_cancel_after_contended_grant_hands_the_slot_on() -> None:
     async with asyncio.timeout(5):
         coord = create_agent_coordinator(1)
@@ -1218,7 +1220,7 @@ async def test_cancellation_at_any_point_never_leaks(op: str, cancel_after: int)
         assert_idle(coord)
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("cancel_after", range(12))
 async def test_native_cancellation_at_any_point_never_leaks(op: str, cancel_after: int) -> None:

@@ -13,6 +13,8 @@ from anyio import wait_all_tasks_blocked
 from lovely_coordinator._waiter import Parker
 
 pytestmark = pytest.mark.anyio
+# asyncio-only behaviour (native task.cancel()); the module is marked for anyio.
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 class Calls:
@@ -169,7 +171,7 @@ def test_grant_and_fail_only_once() -> None:
         parker.fail(RuntimeError())
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 async def test_native_cancel_after_grant_calls_on_undo() -> None:
     """asyncio delivers a cancellation to a task whose wait was already granted."""
     async with asyncio.timeout(5):
