@@ -25,9 +25,10 @@ from typing import Any, Final, Literal, TypeVar, final
 import anyio.lowlevel
 
 from . import _context
-from ._backend import NoEventLoop, Timer, call_at, current_time_or_none
+from ._backend import Timer, call_at, current_time_or_none
 from ._config import CoordinatorConfig
 from ._errors import (
+    CoordinatorError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     PermitReleasedError,
@@ -235,8 +236,8 @@ class AgentCoordinator(CoordinatorRegistries):
         without it, the gate stays closed until :meth:`open_tuple`.
 
         Raises:
-            InvalidArgumentError: a bad tuple, or ``reopen_after`` not a finite number ≥ 0.
-            RuntimeError: ``reopen_after`` was given outside a running event loop.
+            InvalidArgumentError: a bad tuple, or ``reopen_after`` not a finite number ≥ 0
+                or given outside a running event loop.
         """
         model_tuple = as_model_tuple(t)
         deadline: float | None = None
@@ -246,8 +247,8 @@ class AgentCoordinator(CoordinatorRegistries):
             if not (math.isfinite(reopen_after) and reopen_after >= 0):
                 raise InvalidArgumentError(_REOPEN_MESSAGE)
             now = current_time_or_none()
-            if now is None:
-                raise NoEventLoop("close_tuple(reopen_after=...) needs a running event loop")
+            if now is None:  # no clock to count on, and no loop to reopen it later
+                raise InvalidArgumentError("reopen_after needs a running event loop")
             deadline = now + reopen_after
         scheduler = self._scheduler
         scheduler.close(model_tuple, deadline)
@@ -466,6 +467,10 @@ def _by_tuple(statistics: TupleStatistics) -> ModelTuple:
     return statistics.tuple
 
 
+class _ReusedError(CoordinatorError, RuntimeError):
+    """A single-use object was used again (a ``permit()`` context manager)."""
+
+
 class _Admission:
     """A ticket's wait for its grant, with the parker's callbacks as bound methods.
 
@@ -530,7 +535,7 @@ class _PermitContext(_Admission):
 
     async def __aenter__(self) -> AgentPermit:
         if self._ticket is not None:
-            raise RuntimeError("this permit() context manager was already entered")
+            raise _ReusedError("a permit() context manager can be entered only once")
         coordinator = self._coordinator
         # acquire(), inlined: one coroutine frame less for every parked waiter.
         await anyio.lowlevel.checkpoint_if_cancelled()

@@ -607,6 +607,15 @@ async def test_close_tuple_reopens_after_short_real_delay() -> None:
         assert_idle(coord)
 
 
+def test_close_tuple_with_delay_needs_an_event_loop() -> None:
+    coord = create_agent_coordinator()
+    with pytest.raises(InvalidArgumentError, match=r"^reopen_after needs a running event loop$"):
+        coord.close_tuple(T, reopen_after=1)
+    assert coord.is_tuple_open(T)
+    coord.close_tuple(T)  # without a delay, no loop is needed
+    assert not coord.is_tuple_open(T)
+
+
 @pytest.mark.parametrize("bad", [-1, math.inf, math.nan, True, "1"])
 async def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
     coord = create_agent_coordinator()
@@ -746,7 +755,7 @@ async def test_permit_context_manager_is_single_use() -> None:
         cm = coord.permit(T)
         async with cm:
             pass
-        with pytest.raises(RuntimeError):
+        with pytest.raises(CoordinatorError, match="can be entered only once"):
             await cm.__aenter__()
         assert_idle(coord)
 
