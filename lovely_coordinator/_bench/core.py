@@ -160,7 +160,7 @@ def _drain_time(reservations: int, tuples: int = 1_000) -> float:
 
 def _scaling_figures(quick: bool) -> list[Figure]:
     small, large = (1_000, 10_000) if quick else (10_000, 100_000)
-    repeats = 3
+    repeats = 3 if quick else 5
     t_small = t_large = float("inf")
     for _ in range(repeats):  # interleaved, so drift hits both alike
         t_small = min(t_small, _drain_time(small))
