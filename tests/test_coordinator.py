@@ -8,7 +8,9 @@ Each async test runs on asyncio and trio. Tasks are ordered with events and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -1247,5 +1249,81 @@ async def test_native_cancellation_at_any_point_never_leaks(op: str, cancel_afte
         blocker.release()
         await asyncio.gather(target, worker, return_exceptions=True)
         assert worker.exception() is None
+        coord._scheduler.check_invariants()
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None:
+    """Many tasks doing every operation, cancelled at random points, while the limits and
+    gates change underneath: at the end nothing is leaked and the invariants hold."""
+    rng = random.Random(seed)
+    tuples = [T, ModelTuple(*U), ModelTuple("local", "llama")]
+    with anyio.fail_after(20):
+        coord = create_agent_coordinator(2)
+
+        async def checkpoints() -> None:
+            await _checkpoints(rng.randint(0, 3))
+
+        async def op(t: ModelTuple, kind: int, reject: bool) -> None:
+            if kind == 0:
+                async with coord.permit(t, reject_on_closed_tuple=reject):
+                    await checkpoints()
+            elif kind == 1:
+
+                async def work() -> None:
+                    await coord.with_lent_permit(checkpoints)
+                    async with coord.lending():
+                        await checkpoints()
+
+                await coord.run(t, work, reject_on_closed_tuple=reject)
+            else:
+                reservation = coord.reserve(t, reject_on_closed_tuple=reject)
+                try:
+                    if kind == 3:
+                        reservation.activate()
+                        await checkpoints()
+                    await reservation.run(checkpoints)
+                finally:
+                    reservation.cancel()
+
+        async def agent() -> None:
+            t, kind, reject = rng.choice(tuples), rng.randrange(4), rng.random() < 0.3
+            steps = rng.randint(0, 12)
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as inner:
+
+                    async def cancel_later() -> None:
+                        await _checkpoints(steps)
+                        scope.cancel()
+
+                    inner.start_soon(cancel_later)
+                    with contextlib.suppress(TupleSuspendedError):
+                        await op(t, kind, reject)
+                    inner.cancel_scope.cancel()
+
+        async def chaos() -> None:
+            for _ in range(60):
+                await _checkpoints(rng.randint(1, 4))
+                t = rng.choice(tuples)
+                action = rng.randrange(4)
+                if action == 0:
+                    coord.close_tuple(t)
+                elif action == 1:
+                    coord.open_tuple(t)
+                elif action == 2:
+                    coord.set_max_concurrency(rng.randint(1, 4))
+                else:
+                    coord.set_tuple_limit(t, rng.choice([None, 1, 2]))
+                coord._scheduler.check_invariants()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chaos)
+            for _ in range(150):
+                tg.start_soon(agent)
+            await _checkpoints(400)
+            for t in tuples:  # let every parked agent finish
+                coord.open_tuple(t)
+                coord.set_tuple_limit(t, None)
         coord._scheduler.check_invariants()
         assert_idle(coord)
