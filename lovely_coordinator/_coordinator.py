@@ -736,8 +736,12 @@ class AgentReservation:
         self._cancelled = False
 
     def __repr__(self) -> str:
-        state = ("inactive", "queued", "granted", "running", "done")[self._ticket.state]
-        return f"<AgentReservation {self._ticket.tuple_state.tuple} order={self._order} {state}>"
+        state = self._ticket.state
+        if self._consumed and state != DONE:
+            label = "running"
+        else:
+            label = ("inactive", "queued", "granted", "lent", "done")[state]
+        return f"<AgentReservation {self._ticket.tuple_state.tuple} order={self._order} {label}>"
 
     @property
     def acceptance_order(self) -> int:

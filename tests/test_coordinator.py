@@ -973,6 +973,7 @@ async def test_reservation_is_inactive_until_activated() -> None:
         reservation = coord.reserve(T)
         assert reservation.acceptance_order == 1
         assert (coord.active_count, coord.queued_count) == (0, 1)
+        assert repr(reservation).endswith("order=1 inactive>")
         later = await coord.acquire(T)  # skips the inactive reservation
         later.release()
         reservation.activate()
@@ -983,6 +984,8 @@ async def test_reservation_is_inactive_until_activated() -> None:
             permit = current_permit()
             assert permit is not None
             assert permit.acceptance_order == 1
+            assert repr(reservation).endswith("running>")
+            assert repr(permit) == "<AgentPermit openai/gpt order=1 held>"
             return "ran"
 
         assert await reservation.run(work) == "ran"
