@@ -1062,27 +1062,33 @@ async def test_reservation_run_cancelled_while_queued_and_after_grant() -> None:
         queued = coord.reserve(T)
         granted = coord.reserve(T)
         after = coord.reserve(T)
+        ran: list[str] = []
         async with anyio.create_task_group() as tg:
             s1, s2 = anyio.CancelScope(), anyio.CancelScope()
 
-            async def run(scope: anyio.CancelScope, r: Any) -> None:
-                with scope:
-                    await r.run(_noop)
+            async def run(scope: anyio.CancelScope, r: Any, name: str) -> None:
+                async def work() -> None:
+                    ran.append(name)
 
-            tg.start_soon(run, s1, queued)
+                with scope:
+                    await r.run(work)
+
+            tg.start_soon(run, s1, queued, "queued")
             await wait_all_tasks_blocked()
-            s1.cancel()
+            s1.cancel()  # cancelled while queued: removed
             await wait_all_tasks_blocked()
             assert coord.queued_count == 2
-            tg.start_soon(run, s2, granted)
+            tg.start_soon(run, s2, granted, "granted")
             await wait_all_tasks_blocked()
             after.activate()
-            blocker.release()  # grants `granted` ...
-            s2.cancel()  # ... cancelled before resuming: the slot goes to `after`
+            s2.cancel()  # the cancellation is on its way to `granted` ...
+            blocker.release()  # ... when it is granted: the slot goes on to `after`
             assert coord.active_count == 1
             await wait_all_tasks_blocked()
-            assert coord.active_count == 1
-            after.cancel()
+            assert s2.cancelled_caught
+            assert ran == []
+            assert coord.active_count == 1  # held by `after`, granted but unrun
+            assert await after.run(_value(1)) == 1
         assert_idle(coord)
 
 
