@@ -113,7 +113,7 @@ async def spawn(tg: anyio.abc.TaskGroup, holder: Holder, *, granted: bool = Fals
 # -- construction and knobs ------------------------------------------------------------------------
 
 
-async def test_factory_defaults_and_version() -> None:
+def test_factory_defaults_and_version() -> None:
     coord = create_agent_coordinator()
     assert coord.version == AGENT_COORDINATOR_VERSION == 1
     assert coord.max_concurrency == 4
@@ -619,7 +619,7 @@ def test_close_tuple_with_delay_needs_an_event_loop() -> None:
 
 
 @pytest.mark.parametrize("bad", [-1, math.inf, math.nan, True, "1"])
-async def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
+def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
     coord = create_agent_coordinator()
     with pytest.raises(InvalidArgumentError, match=r"^reopen_after must be"):
         coord.close_tuple(T, reopen_after=bad)
@@ -1130,7 +1130,7 @@ async def test_watch_yields_current_then_changes() -> None:
         await iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def test_resident_count_is_published() -> None:
+def test_resident_count_is_published() -> None:
     coord = create_agent_coordinator()
 
     class Resident:
