@@ -15,10 +15,14 @@ from ._redis.fenced_log import FencedLog as FencedLog
 from ._redis.fenced_log import StaleFenceError as StaleFenceError
 from ._redis.locker import RedisLease as RedisLease
 from ._redis.locker import RedisLocker as RedisLocker
+from ._redis.permit_pool import RedisPermit as RedisPermit
+from ._redis.permit_pool import RedisPermitPool as RedisPermitPool
 
 __all__ = [
     "FencedLog",
     "RedisLease",
     "RedisLocker",
+    "RedisPermit",
+    "RedisPermitPool",
     "StaleFenceError",
 ]

@@ -15,39 +15,21 @@ and at least every second in any case, so a lost message only costs latency.
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from types import TracebackType
 from typing import Any, Final, final
 
 import anyio
-from redis.exceptions import RedisError
 
 from . import scripts
-from .renewal import Renewer
-from .subscriber import Subscriber
+from .renewal import Renewer, best_effort
+from .subscriber import Subscriber, Watch
 from .validation import check_key, check_ttl
 
 __all__ = ["RedisLease", "RedisLocker"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
-
 FENCE_TTL_MS: Final = 86_400_000  # a day; tokens stay monotonic after it lapses anyway
 MAX_RECHECK: Final = 1.0  # seconds a waiter may go without re-checking
-
-
-@final
-class _Watch:
-    """A waiter's wake-up flag: reset it *before* each check, then wait on it."""
-
-    __slots__ = ("event",)
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-
-    def reset(self) -> None:
-        if self.event.is_set():
-            self.event = anyio.Event()
 
 
 @final
@@ -75,7 +57,7 @@ class RedisLocker:
         self._acquire_script = client.register_script(scripts.LOCK_ACQUIRE)
         self._extend_script = client.register_script(scripts.LOCK_EXTEND)
         self._release_script = client.register_script(scripts.LOCK_RELEASE)
-        self._watches: dict[str, set[_Watch]] = {}
+        self._watches: dict[str, set[Watch]] = {}
         self._subscriber = Subscriber(client, self._channel, self._on_release, self._on_reset)
 
     @property
@@ -100,7 +82,7 @@ class RedisLocker:
         check_key(conversation_id, "conversation_id")
         keys = self._keys(conversation_id)
         owner = uuid.uuid4().hex
-        watch: _Watch | None = None
+        watch: Watch | None = None
         async with contextlib.AsyncExitStack() as stack:
             try:
                 while True:
@@ -125,13 +107,18 @@ class RedisLocker:
                         with anyio.move_on_after(wait + 0.001):
                             await watch.event.wait()
             except BaseException:
-                await self._abandon(keys, owner, conversation_id)
+                # The request may have been granted with its reply lost: delete that grant.
+                await best_effort(
+                    lambda: self._delete(conversation_id, owner),
+                    self._ttl,
+                    f"cleaning up an abandoned acquire of {conversation_id!r}",
+                )
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     @contextlib.contextmanager
     def _watching(self, conversation_id: str) -> Any:
-        watch = _Watch()
+        watch = Watch()
         self._watches.setdefault(conversation_id, set()).add(watch)
         try:
             yield watch
@@ -161,14 +148,6 @@ class RedisLocker:
             [lock_key, waiting_key], [owner, self._channel, conversation_id]
         )
         return bool(deleted)
-
-    async def _abandon(self, keys: tuple[str, str, str], owner: str, conversation_id: str) -> None:
-        # Shielded, but bounded by the ttl: past it the server forgets the lease anyway.
-        with anyio.move_on_after(self._ttl, shield=True):
-            try:
-                await self._delete(conversation_id, owner)
-            except (RedisError, OSError) as exc:
-                _log.debug("clean-up after an abandoned acquire failed: %r", exc)
 
 
 @final
@@ -217,11 +196,12 @@ class RedisLease:
             return
         self._released = done = anyio.Event()
         try:
-            with anyio.CancelScope(shield=True):
-                await self._renewer.stop()
-                await self._locker._abandon(
-                    self._locker._keys(self.conversation_id), self._owner, self.conversation_id
-                )
+            await self._renewer.stop()
+            await best_effort(
+                lambda: self._locker._delete(self.conversation_id, self._owner),
+                self._locker.ttl,
+                f"releasing {self!r}",
+            )
         finally:
             done.set()
 

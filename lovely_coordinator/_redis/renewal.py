@@ -19,9 +19,24 @@ from typing import final
 import anyio
 from redis.exceptions import RedisError
 
-__all__ = ["Renewer", "local_deadline"]
+__all__ = ["Renewer", "best_effort", "local_deadline"]
 
 _log = logging.getLogger("lovely_coordinator.redis")
+
+
+async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what: str) -> None:
+    """Run a clean-up ``call`` shielded from cancellation, but for at most ``bound`` seconds.
+
+    The bound is the grant's ttl: past it the server forgets the grant by itself, so a hung
+    server must not hang the caller forever. Errors are logged, never raised.
+    """
+    with anyio.move_on_after(bound, shield=True) as scope:
+        try:
+            await call()
+        except (RedisError, OSError) as exc:
+            _log.warning("%s failed (it lapses within its ttl): %r", what, exc)
+    if scope.cancelled_caught:
+        _log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
 
 
 def local_deadline(sent_at: float, ttl: float) -> float:

@@ -19,7 +19,7 @@ from typing import Any, Final, final
 import anyio
 from redis.exceptions import RedisError
 
-__all__ = ["Subscriber", "text"]
+__all__ = ["Subscriber", "Watch", "text"]
 
 _log = logging.getLogger("lovely_coordinator.redis")
 
@@ -29,6 +29,25 @@ _RETRY_DELAYS: Final = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s forever
 def text(value: bytes | str) -> str:
     """A reply value as ``str``, whether or not the client decodes responses."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+@final
+class Watch:
+    """A waiter's wake-up flag: :meth:`reset` it *before* each check, then wait on ``event``.
+
+    Resetting first means a notification that lands between the check and the wait still
+    wakes the waiter (the event is level-triggered).
+    """
+
+    __slots__ = ("event", "ticket")
+
+    def __init__(self, ticket: float = float("inf")) -> None:
+        self.event = anyio.Event()
+        self.ticket = ticket  # for queues: the waiter's place in line (inf = unknown yet)
+
+    def reset(self) -> None:
+        if self.event.is_set():
+            self.event = anyio.Event()
 
 
 @final
