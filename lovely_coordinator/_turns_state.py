@@ -1,0 +1,197 @@
+"""Who runs next in each conversation: the synchronous core of the turn queues.
+
+A conversation is *busy* from the moment a turn is admitted for it until its last turn
+ends; only busy conversations are stored, so memory follows the number of conversations
+with work, never the number ever seen. A busy conversation has exactly one *current*
+item (the turn its runner is taking: acquiring the lease, running, or releasing) and a
+FIFO of *pending* items behind it.
+
+Every method here is synchronous and either changes the state completely or raises
+before changing anything. Because lookup and change happen in one step with no await in
+between, a submission can never race the forgetting of an idle conversation (the bug of
+the Go original, where a submit that looked a queue up just before it was forgotten
+started a second runner for the same conversation).
+
+Items are opaque. The caller (the async registry) keeps its own per-item flags, such as
+"dropped"; a dropped item stays pending, counting against ``max_queued`` and in later
+positions, until :meth:`TurnTable.advance` reaches it and the caller skips it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Final, Generic, Literal, TypeVar, final, get_args
+
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._turns_errors import ConversationBusyError, DrainingError, QueueFullError
+
+__all__ = [
+    "Admission",
+    "MULTITASK_MODES",
+    "Multitask",
+    "TurnTable",
+    "check_max_queued",
+    "check_multitask",
+]
+
+T = TypeVar("T")
+
+Multitask = Literal["enqueue", "reject", "interrupt", "replace_queued"]
+MULTITASK_MODES: Final[tuple[Multitask, ...]] = get_args(Multitask)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Admission(Generic[T]):
+    """What :meth:`TurnTable.admit` decided; the caller carries out the side effects.
+
+    Attributes:
+        position: 0 when the item became current (the caller must start a runner for the
+            conversation), else its 1-based place among the pending items.
+        interrupted: the current item to cancel (``multitask="interrupt"``), if any.
+        dropped: pending items removed by ``interrupt``/``replace_queued``, in queue order;
+            they will never be reached and must be finished as dropped now.
+    """
+
+    position: int
+    interrupted: T | None = None
+    dropped: tuple[T, ...] = ()
+
+
+@final
+class _Conversation(Generic[T]):
+    __slots__ = ("current", "pending")
+
+    def __init__(self, current: T) -> None:
+        self.current = current
+        self.pending: deque[T] = deque()
+
+
+def check_max_queued(value: object) -> int:
+    """Validate ``max_queued``: an int ≥ 0 (``bool`` is not an int here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError("max_queued must be a nonnegative integer")
+    if value < 0:
+        raise InvalidArgumentError("max_queued must be a nonnegative integer")
+    return value
+
+
+def check_multitask(value: object) -> Multitask:
+    """Validate a double-texting mode."""
+    for mode in MULTITASK_MODES:
+        if value == mode and isinstance(value, str):
+            return mode
+    raise InvalidArgumentError(
+        "multitask must be one of 'enqueue', 'reject', 'interrupt', 'replace_queued'"
+    )
+
+
+@final
+class TurnTable(Generic[T]):
+    """The turn queues of every busy conversation of one registry.
+
+    Invariants (checked by :meth:`check_invariants`):
+        * a conversation is stored iff it is busy, i.e. it has a current item;
+        * ``len(pending) <= max_queued`` for every stored conversation;
+        * no item appears twice anywhere in the table;
+        * once ``draining`` is set it stays set, and :meth:`admit` admits nothing.
+    """
+
+    __slots__ = ("_conversations", "draining", "max_queued")
+
+    def __init__(self, max_queued: int) -> None:
+        self.max_queued = check_max_queued(max_queued)
+        self.draining = False
+        self._conversations: dict[str, _Conversation[T]] = {}
+
+    def __len__(self) -> int:
+        """The number of busy conversations."""
+        return len(self._conversations)
+
+    def busy(self) -> tuple[str, ...]:
+        """The busy conversations, oldest first."""
+        return tuple(self._conversations)
+
+    def current(self, conversation_id: str) -> T | None:
+        """The item whose turn the conversation is taking, or None when idle."""
+        conversation = self._conversations.get(conversation_id)
+        return None if conversation is None else conversation.current
+
+    def pending(self, conversation_id: str) -> tuple[T, ...]:
+        """The items waiting behind the current one, in order."""
+        conversation = self._conversations.get(conversation_id)
+        return () if conversation is None else tuple(conversation.pending)
+
+    def waiting(self, conversation_id: str) -> int:
+        """How many items wait (dropped ones included until they are reached)."""
+        conversation = self._conversations.get(conversation_id)
+        return 0 if conversation is None else len(conversation.pending)
+
+    def admit(self, conversation_id: str, item: T, multitask: Multitask) -> Admission[T]:
+        """Admit ``item`` for the conversation according to the double-texting mode.
+
+        ``enqueue`` starts the item if the conversation is idle, else queues it at the
+        tail. ``reject`` only ever starts it. ``interrupt`` also asks for the current item
+        to be cancelled, and ``interrupt``/``replace_queued`` first drop every pending item,
+        so the new one is next.
+
+        Raises:
+            DrainingError: after :attr:`draining` was set.
+            ConversationBusyError: ``reject`` while an item is current or pending.
+            QueueFullError: the item would have to wait and ``max_queued`` items already
+                wait (after the drop, for ``interrupt``/``replace_queued``).
+        """
+        if self.draining:
+            raise DrainingError
+        conversation = self._conversations.get(conversation_id)
+        if conversation is None:
+            self._conversations[conversation_id] = _Conversation(item)
+            return Admission(position=0)
+        if multitask == "reject":
+            raise ConversationBusyError
+        replacing = multitask in ("interrupt", "replace_queued")
+        already_waiting = 0 if replacing else len(conversation.pending)
+        if already_waiting >= self.max_queued:
+            raise QueueFullError
+        # From here on nothing can fail: the state changes completely.
+        dropped: tuple[T, ...] = ()
+        if replacing:
+            dropped = tuple(conversation.pending)
+            conversation.pending.clear()
+        conversation.pending.append(item)
+        interrupted = conversation.current if multitask == "interrupt" else None
+        return Admission(len(conversation.pending), interrupted, dropped)
+
+    def advance(self, conversation_id: str, finished: T) -> T | None:
+        """End the current item's turn and make the next pending item current.
+
+        Returns the new current item, or None when nothing waited: the conversation is
+        then idle and forgotten, in the same step.
+        """
+        conversation = self._conversations[conversation_id]
+        assert conversation.current is finished, "only the current item's turn can end"
+        if not conversation.pending:
+            del self._conversations[conversation_id]
+            if not self._conversations:
+                # A dict never shrinks; a fresh one gives a burst's capacity back.
+                self._conversations = {}
+            return None
+        conversation.current = conversation.pending.popleft()
+        return conversation.current
+
+    def forget(self, conversation_id: str) -> tuple[T, ...]:
+        """Remove a conversation outright (shutdown); returns its current then pending items."""
+        conversation = self._conversations.pop(conversation_id, None)
+        if conversation is None:
+            return ()
+        return (conversation.current, *conversation.pending)
+
+    def check_invariants(self) -> None:
+        """Assert the invariants in the class docstring (used by the tests)."""
+        seen: set[int] = set()
+        for conversation in self._conversations.values():
+            assert len(conversation.pending) <= self.max_queued
+            for item in (conversation.current, *conversation.pending):
+                assert id(item) not in seen, "an item is in the table twice"
+                seen.add(id(item))

@@ -1,0 +1,47 @@
+"""Per-conversation turn queues (CONTRACT §3).
+
+A conversation may run only one turn at a time, whichever door the turn came through (a
+WebSocket message, an HTTP post, a second browser tab, a system turn). A
+:class:`TurnRegistry` queues each conversation's turns in order, caps how many may wait,
+and drains gracefully; with a :class:`Locker` each turn also holds a cross-replica lease
+and runs with its fencing token::
+
+    async with TurnRegistry() as turns:
+        position = turns.submit("conv-1", Job(run))   # 0 = started, else place in line
+        result = await turns.run("conv-1", run)      # submit and wait
+
+Double texting follows LangGraph: ``multitask="enqueue"`` (default), ``"reject"``,
+``"interrupt"`` and ``"replace_queued"``.
+"""
+
+from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
+from ._turns import Job as Job
+from ._turns import Lease as Lease
+from ._turns import LeaseSignal as LeaseSignal
+from ._turns import Locker as Locker
+from ._turns import TurnRegistry as TurnRegistry
+from ._turns_errors import ConversationBusyError as ConversationBusyError
+from ._turns_errors import CoordinationUnavailableError as CoordinationUnavailableError
+from ._turns_errors import DrainingError as DrainingError
+from ._turns_errors import LeaseLostError as LeaseLostError
+from ._turns_errors import QueueFullError as QueueFullError
+from ._turns_errors import TurnDropped as TurnDropped
+from ._turns_errors import TurnInterrupted as TurnInterrupted
+from ._turns_state import Multitask as Multitask
+
+__all__ = [
+    "ConversationBusyError",
+    "CoordinationUnavailableError",
+    "DEFAULT_MAX_QUEUED",
+    "DrainingError",
+    "Job",
+    "Lease",
+    "LeaseLostError",
+    "LeaseSignal",
+    "Locker",
+    "Multitask",
+    "QueueFullError",
+    "TurnDropped",
+    "TurnInterrupted",
+    "TurnRegistry",
+]

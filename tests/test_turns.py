@@ -1,0 +1,1219 @@
+"""TurnRegistry: per-conversation turn queues on asyncio and trio (CONTRACT §3)."""
+
+from __future__ import annotations
+
+import gc
+import random
+import tracemalloc
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.lowlevel
+import pytest
+from anyio import wait_all_tasks_blocked
+from trio.testing import MockClock
+
+import lovely_coordinator.turns as turns_module
+from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
+from lovely_coordinator.turns import (
+    DEFAULT_MAX_QUEUED,
+    ConversationBusyError,
+    CoordinationUnavailableError,
+    DrainingError,
+    Job,
+    Lease,
+    LeaseLostError,
+    Multitask,
+    QueueFullError,
+    TurnDropped,
+    TurnInterrupted,
+    TurnRegistry,
+)
+
+pytestmark = pytest.mark.anyio
+
+Turn = Callable[[int], Awaitable[object]]
+
+
+class Recorder:
+    """Turn bodies that log what they do and assert that no two of them ever overlap."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.fences: dict[str, int] = {}
+        self.active = 0
+
+    def turn(
+        self,
+        name: str,
+        gate: anyio.Event | None = None,
+        *,
+        result: object = None,
+        error: Exception | None = None,
+    ) -> Turn:
+        async def run(fence: int) -> object:
+            assert self.active == 0, f"{name} overlaps another turn"
+            self.active += 1
+            self.fences[name] = fence
+            self.log.append(f"start {name}")
+            try:
+                if gate is None:
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    await gate.wait()
+                if error is not None:
+                    raise error
+                return result
+            finally:
+                self.log.append(f"end {name}")
+                self.active -= 1
+
+        return run
+
+    def dequeue(self, name: str) -> Callable[[], None]:
+        return lambda: self.log.append(f"dequeue {name}")
+
+    def refused(self, name: str) -> Callable[[BaseException], None]:
+        return lambda error: self.log.append(f"refused {name} {type(error).__name__}")
+
+
+async def forever(fence: int) -> None:
+    await anyio.sleep_forever()
+
+
+class FakeLease:
+    def __init__(self, locker: GrantingLocker, conversation_id: str, fence: int) -> None:
+        self.locker = locker
+        self.conversation_id = conversation_id
+        self.fence = fence
+        self.lost = anyio.Event()
+        self.released = False
+
+    async def release(self) -> None:
+        # A real release talks to a server: a checkpoint, which must not cancel it.
+        await anyio.lowlevel.checkpoint()
+        if not self.released:
+            self.released = True
+            self.locker.log.append(f"release {self.conversation_id} {self.fence}")
+            self.locker.locks[self.conversation_id].release()
+
+
+class GrantingLocker:
+    """One holder per conversation at a time (waiters queue), fences 1, 2, 3, ..."""
+
+    def __init__(self, log: list[str] | None = None) -> None:
+        self.log: list[str] = [] if log is None else log
+        self.locks: dict[str, anyio.Lock] = {}
+        self.fences: dict[str, int] = {}
+        self.leases: list[FakeLease] = []
+        self.granted = anyio.Event()
+
+    async def acquire(self, conversation_id: str) -> FakeLease:
+        self.log.append(f"acquire {conversation_id}")
+        lock = self.locks.setdefault(conversation_id, anyio.Lock())
+        await lock.acquire()
+        fence = self.fences[conversation_id] = self.fences.get(conversation_id, 0) + 1
+        lease = FakeLease(self, conversation_id, fence)
+        self.leases.append(lease)
+        self.log.append(f"grant {conversation_id} {fence}")
+        self.granted.set()
+        return lease
+
+
+class FailingLocker:
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def acquire(self, conversation_id: str) -> Lease:
+        self.attempts += 1
+        await anyio.lowlevel.checkpoint()
+        raise ConnectionError("redis is down")
+
+
+class BlockingLocker:
+    """Never grants; records how many acquisitions were cancelled."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.cancelled = 0
+
+    async def acquire(self, conversation_id: str) -> Lease:
+        self.waiting += 1
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.waiting -= 1
+        raise AssertionError("unreachable")
+
+
+# -- the public surface ------------------------------------------------------------------
+
+
+def test_public_names() -> None:
+    assert turns_module.__all__ == sorted(turns_module.__all__)
+    assert set(turns_module.__all__) == {
+        "ConversationBusyError",
+        "CoordinationUnavailableError",
+        "DEFAULT_MAX_QUEUED",
+        "DrainingError",
+        "Job",
+        "Lease",
+        "LeaseLostError",
+        "LeaseSignal",
+        "Locker",
+        "Multitask",
+        "QueueFullError",
+        "TurnDropped",
+        "TurnInterrupted",
+        "TurnRegistry",
+    }
+    assert DEFAULT_MAX_QUEUED == 10
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (QueueFullError, "too many turns are already queued for this conversation"),
+        (DrainingError, "this server is shutting down; retry the turn"),
+        (
+            CoordinationUnavailableError,
+            "this conversation could not be locked across server replicas; retry the turn shortly",
+        ),
+        (ConversationBusyError, "a turn is already running or queued for this conversation"),
+        (TurnInterrupted, "the turn was interrupted before it finished"),
+        (TurnDropped, "the turn was dropped before it started"),
+        (LeaseLostError, "the conversation's lease was lost while the turn was running"),
+    ],
+)
+def test_errors_have_their_messages(error: type[CoordinatorError], message: str) -> None:
+    assert issubclass(error, CoordinatorError)
+    assert str(error()) == message
+
+
+def test_a_job_can_be_built_outside_an_event_loop() -> None:
+    job = Job(forever)
+    assert (job.done, job.dropped, job.error) == (False, False, None)
+
+
+# -- submitting and running --------------------------------------------------------------
+
+
+async def test_turns_of_a_conversation_run_one_at_a_time_in_order() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            gate = anyio.Event()
+            jobs = [Job(rec.turn("a", gate))] + [Job(rec.turn(n)) for n in "bcd"]
+            assert [turns.submit("conv", job) for job in jobs] == [0, 1, 2, 3]
+            assert turns.waiting("conv") == 3
+            assert turns.waiting("other") == 0
+            await wait_all_tasks_blocked()
+            assert rec.log == ["start a"]
+            gate.set()
+            assert await turns.wait()
+        assert rec.log == [f"{what} {name}" for name in "abcd" for what in ("start", "end")]
+        assert all(job.done and job.error is None and not job.dropped for job in jobs)
+        assert set(rec.fences.values()) == {0}, "fence 0 means unfenced (no locker)"
+
+
+async def test_conversations_run_concurrently() -> None:
+    with anyio.fail_after(5):
+        async with TurnRegistry(max_queued=0) as turns:
+            both = anyio.Event()
+            started: list[int] = []
+
+            async def turn(fence: int) -> None:
+                started.append(fence)
+                if len(started) == 2:
+                    both.set()
+                await both.wait()
+
+            assert turns.submit("one", Job(turn)) == 0
+            assert turns.submit("two", Job(turn)) == 0
+        assert len(started) == 2
+
+
+async def test_run_returns_the_result() -> None:
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+
+            async def answer(fence: int) -> int:
+                return 42 + fence
+
+            assert await turns.run("conv", answer) == 42
+
+
+async def test_job_wait_serves_many_waiters_and_is_a_checkpoint_when_done() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        woken: list[int] = []
+        async with TurnRegistry() as turns:
+            job = Job(rec.turn("a", gate))
+
+            async def waiter(i: int) -> None:
+                await job.wait()
+                woken.append(i)
+
+            turns.submit("conv", job)
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(waiter, i)
+                await wait_all_tasks_blocked()
+                assert woken == []
+                gate.set()
+            assert sorted(woken) == [0, 1, 2]
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await job.wait()  # done, yet still a checkpoint
+                pytest.fail("a cancelled wait returned")
+            assert scope.cancelled_caught
+
+
+async def test_a_failing_turn_is_recorded_logged_and_the_queue_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        boom = ValueError("boom")
+        async with TurnRegistry() as turns:
+            failing = Job(rec.turn("a", error=boom))
+            after = Job(rec.turn("b", result="fine"))
+            turns.submit("conv", failing)
+            turns.submit("conv", after)
+            with pytest.raises(ValueError, match=r"^boom$"):
+                await turns.run("conv", rec.turn("c", error=ValueError("boom")))
+        assert failing.error is boom
+        assert after.done
+        assert after.error is None
+        assert rec.log == ["start a", "end a", "start b", "end b", "start c", "end c"]
+        failures = [r for r in caplog.records if r.name == "lovely_coordinator.turns"]
+        assert len(failures) == 2
+        assert failures[0].exc_info is not None
+        assert failures[0].exc_info[1] is boom
+        assert "'conv'" in failures[0].getMessage()
+
+
+async def test_a_turn_that_is_not_a_coroutine_function_fails_as_a_turn() -> None:
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+            job = Job(lambda fence: fence)  # type: ignore[arg-type, return-value]
+            turns.submit("conv", job)
+            await job.wait()
+            assert isinstance(job.error, TypeError)
+            assert await turns.run("conv", Recorder().turn("next", result=1)) == 1
+
+
+# -- capacity and bad input --------------------------------------------------------------
+
+
+async def test_queue_full_leaves_the_job_untouched() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry(max_queued=2) as turns:
+            turns.submit("conv", Job(rec.turn("a", gate)))
+            turns.submit("conv", Job(rec.turn("b")))
+            turns.submit("conv", Job(rec.turn("c")))
+            refused = Job(rec.turn("d"))
+            with pytest.raises(
+                QueueFullError, match=r"^too many turns are already queued for this conversation$"
+            ):
+                turns.submit("conv", refused)
+            with pytest.raises(QueueFullError):
+                await turns.run("conv", rec.turn("e"))
+            assert turns.waiting("conv") == 2
+            gate.set()
+            await turns.wait()
+            assert (refused.done, refused.dropped, refused.error) == (False, False, None)
+            assert turns.submit("conv", refused) == 0, "an untouched job can be submitted later"
+        assert rec.log == [f"{w} {n}" for n in "abcd" for w in ("start", "end")]
+
+
+async def test_default_cap_is_ten_waiting_turns() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            assert turns.max_queued == DEFAULT_MAX_QUEUED
+            positions = [turns.submit("conv", Job(rec.turn(str(i), gate))) for i in range(11)]
+            assert positions == list(range(11))
+            with pytest.raises(QueueFullError):
+                turns.submit("conv", Job(forever))
+            gate.set()
+        assert len(rec.log) == 22
+
+
+async def test_max_queued_zero_runs_one_turn_and_queues_none() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry(max_queued=0) as turns:
+            assert turns.submit("conv", Job(rec.turn("a", gate))) == 0
+            for mode in ("enqueue", "interrupt", "replace_queued"):
+                with pytest.raises(QueueFullError):
+                    turns.submit("conv", Job(rec.turn("b")), mode)
+            with pytest.raises(ConversationBusyError):
+                turns.submit("conv", Job(rec.turn("b")), "reject")
+            gate.set()
+        assert rec.log == ["start a", "end a"], "nothing was interrupted or queued"
+
+
+@pytest.mark.parametrize("max_queued", [-1, True, 2.0, "10"])
+def test_bad_max_queued(max_queued: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^max_queued must be a nonnegative integer$"):
+        TurnRegistry(max_queued=max_queued)  # type: ignore[arg-type]
+
+
+async def test_bad_arguments_change_nothing() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            running = Job(rec.turn("a", gate))
+            turns.submit("conv", running)
+            job = Job(rec.turn("b"))
+            with pytest.raises(InvalidArgumentError, match=r"^multitask must be one of "):
+                turns.submit("conv", job, "rollback")  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError, match=r"^conversation_id must be a nonempty"):
+                turns.submit("", job)
+            with pytest.raises(InvalidArgumentTypeError, match=r"^conversation_id must be a"):
+                turns.submit(7, job)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentTypeError, match=r"^job must be a Job$"):
+                turns.submit("conv", rec.turn("c"))  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError, match=r"^a Job can be submitted only once$"):
+                turns.submit("conv", running)
+            with pytest.raises(InvalidArgumentError, match=r"^timeout must be a nonnegative"):
+                await turns.wait(timeout=-1)
+            with pytest.raises(InvalidArgumentError, match=r"^timeout must be a nonnegative"):
+                await turns.wait(timeout=float("nan"))
+            assert turns.waiting("conv") == 0
+            assert not job.done
+            gate.set()
+        assert rec.log == ["start a", "end a"]
+
+
+async def test_the_registry_must_be_entered_once() -> None:
+    with anyio.fail_after(5):
+        turns = TurnRegistry()
+        assert await turns.wait(), "an unentered registry has nothing to wait for"
+        with pytest.raises(CoordinatorError, match=r"^enter the TurnRegistry"):
+            turns.submit("conv", Job(forever))
+        async with turns:
+            pass
+        with pytest.raises(RuntimeError, match=r"^a TurnRegistry can be entered only once$"):
+            await turns.__aenter__()
+        with pytest.raises(DrainingError):
+            turns.submit("conv", Job(forever))
+
+
+# -- callers that go away ----------------------------------------------------------------
+
+
+async def test_cancelling_a_waiting_run_drops_its_job_and_the_queue_moves_on() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry(max_queued=2) as turns:
+            turns.submit("conv", Job(rec.turn("a", gate)))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(turns.run, "conv", rec.turn("b"))
+                await wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()
+            (dropped,) = turns._table.pending("conv")
+            assert dropped.dropped
+            assert not dropped.done, "a dropped job is done only when it is reached"
+            # Until reached it still counts: in waiting(), positions and max_queued.
+            assert turns.waiting("conv") == 1
+            last = Job(rec.turn("c"), on_dequeue=rec.dequeue("c"))
+            assert turns.submit("conv", last) == 2
+            with pytest.raises(QueueFullError):
+                turns.submit("conv", Job(rec.turn("x")))
+            gate.set()
+            await last.wait()
+            assert (dropped.done, dropped.error) == (True, None)
+        assert rec.log == ["start a", "end a", "dequeue c", "start c", "end c"]
+
+
+async def test_cancelling_a_run_whose_turn_started_leaves_the_turn_running() -> None:
+    with anyio.fail_after(5):
+        started, gate, finished = anyio.Event(), anyio.Event(), anyio.Event()
+
+        async def turn(fence: int) -> None:
+            started.set()
+            await gate.wait()
+            finished.set()
+
+        async with TurnRegistry() as turns:
+            caller_left = anyio.Event()
+
+            async def caller() -> None:
+                with anyio.CancelScope() as scope:
+                    task_scope.append(scope)
+                    await turns.run("conv", turn)
+                caller_left.set()
+
+            task_scope: list[anyio.CancelScope] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(caller)
+                await started.wait()
+                task_scope[0].cancel()
+                await caller_left.wait()  # the caller is cancelled at once...
+                assert not finished.is_set()  # ...while its turn still runs
+                gate.set()
+            assert await turns.wait()
+            assert finished.is_set()
+
+
+async def test_a_run_cancelled_before_it_submits_starts_nothing() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await turns.run("conv", rec.turn("a"))
+            assert turns.waiting("conv") == 0
+        assert rec.log == []
+
+
+# -- on_dequeue and callbacks ------------------------------------------------------------
+
+
+async def test_on_dequeue_only_for_jobs_that_waited_and_errors_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+
+        def broken() -> None:
+            rec.log.append("dequeue c")
+            raise RuntimeError("callback bug")
+
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(rec.turn("a"), on_dequeue=rec.dequeue("a")))
+            turns.submit("conv", Job(rec.turn("b"), on_dequeue=rec.dequeue("b")))
+            turns.submit("conv", Job(rec.turn("c"), on_dequeue=broken))
+        assert rec.log == [
+            "start a",
+            "end a",
+            "dequeue b",
+            "start b",
+            "end b",
+            "dequeue c",
+            "start c",
+            "end c",
+        ]
+        assert any("callback" in r.getMessage() for r in caplog.records)
+
+
+# -- drain, wait, and leaving the block --------------------------------------------------
+
+
+async def test_drain_without_locker_refuses_new_turns_and_runs_queued_ones() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(rec.turn("a", gate)))
+            queued = Job(rec.turn("b"))
+            turns.submit("conv", queued)
+            turns.drain()
+            turns.drain()  # idempotent
+            assert turns.draining
+            for mode in ("enqueue", "reject", "interrupt", "replace_queued"):
+                with pytest.raises(
+                    DrainingError, match=r"^this server is shutting down; retry the turn$"
+                ):
+                    turns.submit("other", Job(rec.turn("x")), mode)
+            with pytest.raises(DrainingError):
+                await turns.run("conv", rec.turn("y"))
+            gate.set()
+            assert await turns.wait()
+            assert queued.done
+            assert queued.error is None
+        assert rec.log == ["start a", "end a", "start b", "end b"]
+
+
+async def test_wait_returns_true_at_once_when_idle() -> None:
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+            assert await turns.wait()
+            assert await turns.wait(timeout=0)
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
+async def test_wait_times_out_on_the_clock() -> None:
+    with anyio.fail_after(100):
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(Recorder().turn("a", gate)))
+            start = anyio.current_time()
+            assert not await turns.wait(timeout=25.0)
+            assert anyio.current_time() - start == pytest.approx(25.0)
+            gate.set()
+            assert await turns.wait(timeout=None)
+
+
+async def test_wait_times_out_in_real_time() -> None:
+    with anyio.fail_after(5):
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(Recorder().turn("a", gate)))
+            assert not await turns.wait(timeout=0.01)
+            gate.set()
+            assert await turns.wait(timeout=5)
+
+
+async def test_leaving_the_block_normally_drains_and_waits() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            for name in "abc":
+                turns.submit("conv", Job(rec.turn(name)))
+        assert turns.draining
+        assert rec.log == [f"{w} {n}" for n in "abc" for w in ("start", "end")]
+
+
+async def test_leaving_the_block_by_an_exception_cancels_the_turns() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        running = Job(forever)
+        queued = Job(rec.turn("b"), on_dequeue=rec.dequeue("b"), on_refused=rec.refused("b"))
+        turns = TurnRegistry()
+
+        async def body() -> None:
+            async with turns:
+                turns.submit("conv", running)
+                turns.submit("conv", queued)
+                await wait_all_tasks_blocked()
+                raise ZeroDivisionError
+
+        with pytest.raises(ZeroDivisionError):  # as it is, not in an exception group
+            await body()
+        assert running.done
+        assert isinstance(running.error, TurnInterrupted)
+        assert queued.done
+        assert isinstance(queued.error, DrainingError)
+        assert rec.log == ["refused b DrainingError"]
+        assert not turns._table
+
+
+async def test_leaving_the_block_by_cancellation_cancels_the_turns() -> None:
+    with anyio.fail_after(5):
+        running = Job(forever)
+        with anyio.CancelScope() as outer:
+            async with TurnRegistry() as turns:
+                turns.submit("conv", running)
+                await wait_all_tasks_blocked()
+                outer.cancel()
+                await anyio.sleep_forever()
+        assert outer.cancelled_caught
+        assert isinstance(running.error, TurnInterrupted)
+
+
+async def test_a_cancelled_shutdown_wait_cancels_the_turns() -> None:
+    with anyio.fail_after(5):
+        running = Job(forever)
+        refused: list[str] = []
+
+        async def caller(turns: TurnRegistry) -> None:
+            try:
+                await turns.run("conv", forever)
+            except DrainingError as error:
+                refused.append(str(error))
+
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as outer:
+
+                async def cancel_when_stuck() -> None:
+                    await wait_all_tasks_blocked()
+                    outer.cancel()
+
+                async with TurnRegistry() as turns:
+                    turns.submit("conv", running)
+                    tg.start_soon(caller, turns)
+                    await wait_all_tasks_blocked()
+                    assert turns.waiting("conv") == 1
+                    tg.start_soon(cancel_when_stuck)
+                # not reached: __aexit__ waits for the endless turn and is cancelled
+            assert outer.cancelled_caught
+        assert isinstance(running.error, TurnInterrupted)
+        assert refused == ["this server is shutting down; retry the turn"]
+
+
+# -- double texting ----------------------------------------------------------------------
+
+
+async def test_reject_refuses_a_busy_conversation() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            assert turns.submit("conv", Job(rec.turn("a", gate)), "reject") == 0
+            refused = Job(rec.turn("b"))
+            with pytest.raises(
+                ConversationBusyError,
+                match=r"^a turn is already running or queued for this conversation$",
+            ):
+                turns.submit("conv", refused, "reject")
+            with pytest.raises(ConversationBusyError):
+                await turns.run("conv", rec.turn("c"), multitask="reject")
+            assert not refused.done
+            gate.set()
+            await turns.wait()
+            assert await turns.run("conv", rec.turn("d", result=4), multitask="reject") == 4
+        assert rec.log == ["start a", "end a", "start d", "end d"]
+
+
+async def test_interrupt_cancels_the_running_turn_and_drops_the_queue() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        outcomes: dict[str, object] = {}
+
+        async def caller(name: str, turn: Turn, mode: Multitask = "enqueue") -> None:
+            try:
+                outcomes[name] = await turns.run("conv", turn, mode)
+            except CoordinatorError as error:
+                outcomes[name] = type(error)
+
+        async with TurnRegistry() as turns, anyio.create_task_group() as tg:
+            running = Job(rec.turn("a", anyio.Event()))
+            turns.submit("conv", running)
+            queued = Job(rec.turn("b"), on_dequeue=rec.dequeue("b"))
+            turns.submit("conv", queued)
+            tg.start_soon(caller, "c", rec.turn("c"))
+            await wait_all_tasks_blocked()
+            assert turns.waiting("conv") == 2
+            new = Job(rec.turn("d", result="d"), on_dequeue=rec.dequeue("d"))
+            assert turns.submit("conv", new, "interrupt") == 1
+            assert queued.dropped
+            assert queued.done, "dropped by double texting: done at once"
+            assert turns.waiting("conv") == 1
+            await new.wait()
+        assert isinstance(running.error, TurnInterrupted)
+        assert running.done
+        assert not running.dropped
+        assert queued.error is None
+        assert outcomes == {"c": TurnDropped}
+        assert new.error is None
+        assert rec.log == ["start a", "end a", "dequeue d", "start d", "end d"]
+
+
+async def test_interrupt_through_run_and_on_an_idle_conversation() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            assert turns.submit("idle", Job(rec.turn("a")), "interrupt") == 0
+            await turns.wait()
+            first = Job(forever)
+            turns.submit("conv", first)
+            assert await turns.run("conv", rec.turn("b", result=2), multitask="interrupt") == 2
+            assert isinstance(first.error, TurnInterrupted)
+
+            raised: list[CoordinatorError] = []
+
+            async def victim() -> None:
+                try:
+                    await turns.run("conv", forever)
+                except TurnInterrupted as error:
+                    raised.append(error)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(victim)
+                await wait_all_tasks_blocked()
+                turns.submit("conv", Job(rec.turn("c")), "interrupt")
+            assert len(raised) == 1
+        assert rec.log == ["start a", "end a", "start b", "end b", "start c", "end c"]
+
+
+async def test_interrupt_before_the_runner_started_never_runs_the_turn() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            first = Job(rec.turn("a"))
+            assert turns.submit("conv", first) == 0
+            assert turns.submit("conv", Job(rec.turn("b")), "interrupt") == 1
+        assert isinstance(first.error, TurnInterrupted)
+        assert rec.log == ["start b", "end b"]
+
+
+async def test_an_interrupted_turn_cleans_up_before_the_next_one_starts() -> None:
+    with anyio.fail_after(5):
+        log: list[str] = []
+
+        async def slow_cleanup(fence: int) -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for _ in range(5):
+                        await anyio.lowlevel.checkpoint()
+                log.append("cleaned up")
+
+        async def next_turn(fence: int) -> None:
+            log.append("next")
+
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(slow_cleanup))
+            await wait_all_tasks_blocked()
+            turns.submit("conv", Job(next_turn), "interrupt")
+        assert log == ["cleaned up", "next"]
+
+
+async def test_a_turn_that_finishes_despite_the_interrupt_keeps_its_outcome() -> None:
+    with anyio.fail_after(5):
+
+        async def stubborn(fence: int) -> str:
+            with anyio.CancelScope(shield=True):
+                await anyio.lowlevel.checkpoint()
+            return "done anyway"
+
+        async with TurnRegistry() as turns:
+            job = Job(stubborn)
+            turns.submit("conv", job)
+            await anyio.lowlevel.checkpoint()  # let it enter the shielded checkpoint
+            turns.submit("conv", Job(Recorder().turn("b")), "interrupt")
+        assert job.error is None
+
+
+async def test_replace_queued_keeps_the_running_turn() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            running = Job(rec.turn("a", gate))
+            turns.submit("conv", running)
+            old = [Job(rec.turn(n)) for n in "bc"]
+            for job in old:
+                turns.submit("conv", job)
+            new = Job(rec.turn("d"))
+            assert turns.submit("conv", new, "replace_queued") == 1
+            assert all(job.dropped and job.done for job in old)
+            assert turns.waiting("conv") == 1
+            raised: list[str] = []
+
+            async def replaced() -> None:
+                try:
+                    await turns.run("conv", rec.turn("e"))
+                except TurnDropped as error:
+                    raised.append(str(error))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(replaced)
+                await wait_all_tasks_blocked()
+                assert turns.submit("conv", Job(rec.turn("f")), "replace_queued") == 1
+            assert raised == ["the turn was dropped before it started"]
+            assert new.dropped
+            gate.set()
+        assert running.error is None
+        assert rec.log == [f"{w} {n}" for n in "af" for w in ("start", "end")]
+
+
+# -- the locker --------------------------------------------------------------------------
+
+
+async def test_each_turn_runs_under_its_own_lease_with_its_fence() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = GrantingLocker(rec.log)
+        async with TurnRegistry(locker=locker) as turns:
+            turns.submit("conv", Job(rec.turn("a")))
+            turns.submit("conv", Job(rec.turn("b"), on_dequeue=rec.dequeue("b")))
+            turns.submit("conv", Job(rec.turn("c", error=ValueError("x"))))
+            assert await turns.wait()
+        assert rec.log == [
+            "acquire conv",
+            "grant conv 1",
+            "start a",
+            "end a",
+            "release conv 1",
+            "dequeue b",
+            "acquire conv",
+            "grant conv 2",
+            "start b",
+            "end b",
+            "release conv 2",
+            "acquire conv",
+            "grant conv 3",
+            "start c",
+            "end c",
+            "release conv 3",
+        ]
+        assert rec.fences == {"a": 1, "b": 2, "c": 3}
+
+
+async def test_two_registries_sharing_a_locker_never_overlap() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = GrantingLocker()
+        async with TurnRegistry(locker=locker) as one, TurnRegistry(locker=locker) as two:
+            for i in range(10):
+                (one if i % 2 else two).submit("conv", Job(rec.turn(str(i))))
+            assert await one.wait()
+            assert await two.wait()
+        assert sorted(rec.fences.values()) == list(range(1, 11))
+        assert all(lease.released for lease in locker.leases)
+
+
+async def test_a_failing_locker_refuses_the_turn_and_never_reports_success(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = FailingLocker()
+        errors: list[BaseException] = []
+        async with TurnRegistry(locker=locker) as turns:
+            job = Job(rec.turn("a"), on_refused=errors.append)
+            turns.submit("conv", job)
+            with pytest.raises(
+                CoordinationUnavailableError,
+                match=r"^this conversation could not be locked across server replicas; "
+                r"retry the turn shortly$",
+            ) as raised:
+                await turns.run("conv", rec.turn("b"))
+            assert isinstance(raised.value.__cause__, ConnectionError)
+        assert job.done
+        assert isinstance(job.error, CoordinationUnavailableError)
+        assert errors == [job.error], "on_refused gets the error"
+        assert rec.log == []
+        assert locker.attempts == 2
+        assert any("could not lock" in r.getMessage() for r in caplog.records)
+
+
+async def test_drain_cancels_lease_waits_and_refuses_queued_turns() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = BlockingLocker()
+        async with TurnRegistry(locker=locker) as turns:
+            first = Job(rec.turn("a"), on_refused=rec.refused("a"))
+            second = Job(rec.turn("b"), on_dequeue=rec.dequeue("b"), on_refused=rec.refused("b"))
+            turns.submit("conv", first)
+            turns.submit("conv", second)
+            outcome: list[type[BaseException]] = []
+
+            async def caller() -> None:
+                with pytest.raises(DrainingError) as raised:
+                    await turns.run("other", rec.turn("c"))
+                outcome.append(raised.type)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(caller)
+                await wait_all_tasks_blocked()
+                assert locker.waiting == 2
+                turns.drain()
+            assert await turns.wait()
+        assert locker.cancelled == 2
+        assert isinstance(first.error, DrainingError)
+        assert isinstance(second.error, DrainingError)
+        assert outcome == [DrainingError]
+        assert rec.log == ["refused a DrainingError", "dequeue b", "refused b DrainingError"]
+
+
+async def test_drain_leaves_a_turn_that_holds_its_lease_running() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        locker = GrantingLocker()
+        async with TurnRegistry(locker=locker) as turns:
+            running = Job(rec.turn("a", gate))
+            turns.submit("conv", running)
+            await wait_all_tasks_blocked()
+            turns.drain()
+            gate.set()
+        assert running.error is None
+        assert rec.log == ["start a", "end a"]
+        assert locker.leases[0].released
+
+
+async def test_a_lost_lease_cancels_the_turn() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = GrantingLocker()
+        async with TurnRegistry(locker=locker) as turns:
+            victim = Job(rec.turn("a", anyio.Event()))
+            turns.submit("conv", victim)
+            turns.submit("conv", Job(rec.turn("b")))
+            await wait_all_tasks_blocked()
+            assert rec.log == ["start a"]
+            locker.leases[0].lost.set()
+            await victim.wait()
+            assert isinstance(victim.error, LeaseLostError)
+            assert locker.leases[0].released, "the lease is released before the job is done"
+
+            async def lose() -> None:
+                await wait_all_tasks_blocked()
+                locker.leases[-1].lost.set()
+
+            raised: list[str] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lose)
+                try:
+                    await turns.run("conv", forever)
+                except LeaseLostError as error:
+                    raised.append(str(error))
+            assert raised == ["the conversation's lease was lost while the turn was running"]
+        assert rec.log == ["start a", "end a", "start b", "end b"]
+        assert [lease.fence for lease in locker.leases] == [1, 2, 3]
+
+
+async def test_a_lease_lost_at_grant_never_runs_the_turn() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+
+        class LostAtGrant(GrantingLocker):
+            async def acquire(self, conversation_id: str) -> FakeLease:
+                lease = await super().acquire(conversation_id)
+                lease.lost.set()
+                return lease
+
+        locker = LostAtGrant()
+        async with TurnRegistry(locker=locker) as turns:
+            with pytest.raises(LeaseLostError):
+                await turns.run("conv", rec.turn("a"))
+        assert rec.log == []
+        assert locker.leases[0].released
+
+
+async def test_an_interrupted_turn_still_releases_its_lease() -> None:
+    with anyio.fail_after(5):
+        locker = GrantingLocker()
+        async with TurnRegistry(locker=locker) as turns:
+            first = Job(forever)
+            turns.submit("conv", first)
+            await wait_all_tasks_blocked()
+            assert await turns.run("conv", Recorder().turn("b", result=1), "interrupt") == 1
+            assert isinstance(first.error, TurnInterrupted)
+        assert [lease.released for lease in locker.leases] == [True, True]
+
+
+async def test_interrupting_a_lease_wait_and_shutdown_release_leases() -> None:
+    with anyio.fail_after(5):
+        locker = BlockingLocker()
+        async with TurnRegistry(locker=locker) as turns:
+            waiting = Job(forever)
+            turns.submit("conv", waiting)
+            await wait_all_tasks_blocked()
+            turns.submit("conv", Job(forever), "interrupt")
+            await waiting.wait()
+            assert isinstance(waiting.error, TurnInterrupted)
+            assert locker.cancelled == 1
+        granting = GrantingLocker()
+
+        async def body() -> None:
+            async with TurnRegistry(locker=granting) as turns:
+                turns.submit("conv", Job(forever))
+                await granting.granted.wait()
+                await wait_all_tasks_blocked()
+                raise KeyError
+
+        with pytest.raises(KeyError):
+            await body()
+        assert granting.leases[0].released, "released, shielded, while the registry was cancelled"
+
+
+async def test_a_failing_release_is_logged_and_the_queue_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+
+        class BadRelease(FakeLease):
+            async def release(self) -> None:
+                await super().release()
+                raise OSError("connection reset")
+
+        class Locker(GrantingLocker):
+            async def acquire(self, conversation_id: str) -> FakeLease:
+                lease = await super().acquire(conversation_id)
+                lease.__class__ = BadRelease
+                return lease
+
+        async with TurnRegistry(locker=Locker()) as turns:
+            turns.submit("conv", Job(rec.turn("a")))
+            assert await turns.run("conv", rec.turn("b", result="b")) == "b"
+        assert rec.log == ["start a", "end a", "start b", "end b"]
+        assert sum("releasing the lease" in r.getMessage() for r in caplog.records) == 2
+
+
+# -- races, stress and memory ------------------------------------------------------------
+
+
+async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_runner() -> None:
+    """The Go original could start a second runner for a conversation being forgotten."""
+    with anyio.fail_after(10):
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            runners: dict[str, int] = {}
+            inner = turns._runner
+
+            async def counted(conversation_id: str, job: Job) -> None:
+                runners[conversation_id] = runners.get(conversation_id, 0) + 1
+                assert runners[conversation_id] == 1, "two runners for one conversation"
+                try:
+                    await inner(conversation_id, job)
+                finally:
+                    runners[conversation_id] -= 1
+
+            turns._runner = counted  # type: ignore[method-assign]
+            positions: list[int] = []
+
+            async def resubmit_when_done(i: int, job: Job) -> None:
+                await job.wait()
+                follow = Job(rec.turn(f"{i}b"))
+                positions.append(turns.submit("conv", follow))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(200):
+                    job = Job(rec.turn(f"{i}a"))
+                    # The waiter parks before the turn ends: it is woken by the end of the
+                    # conversation's last turn and submits while the runner is leaving.
+                    tg.start_soon(resubmit_when_done, i, job)
+                    await anyio.lowlevel.checkpoint()
+                    turns.submit("conv", job)
+                    await job.wait()
+        assert 0 in positions, "some resubmits hit a conversation that had just gone idle"
+        assert rec.active == 0
+        assert len(rec.log) == 800
+
+
+ENQUEUE_ONLY: list[Multitask] = ["enqueue"]
+MIXED: list[Multitask] = [*(ENQUEUE_ONLY * 27), "reject", "interrupt", "replace_queued"]
+
+
+@pytest.mark.parametrize(("modes", "seed"), [(ENQUEUE_ONLY, 1), (MIXED, 2), (MIXED, 3)])
+async def test_many_concurrent_submitters_never_overlap(modes: list[Multitask], seed: int) -> None:
+    with anyio.fail_after(30):
+        rng = random.Random(seed)
+        active = 0
+        bodies_ended = 0
+
+        def turn(checkpoints: int) -> Turn:
+            async def run(fence: int) -> None:
+                nonlocal active, bodies_ended
+                active += 1
+                assert active == 1, "two turns of one conversation overlap"
+                try:
+                    for _ in range(checkpoints):
+                        await anyio.lowlevel.checkpoint()
+                finally:
+                    active -= 1
+                bodies_ended += 1
+
+            return run
+
+        outcomes: dict[str, int] = {}
+
+        def count(kind: str) -> None:
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+
+        async def call(mode: Multitask, checkpoints: int) -> None:
+            try:
+                await turns.run("conv", turn(checkpoints), mode)
+            except CoordinatorError as error:
+                count(type(error).__name__)
+            else:
+                count("ran")
+
+        async def submitter(plan: list[tuple[Multitask, int, int | None]]) -> None:
+            for mode, checkpoints, patience in plan:
+                async with anyio.create_task_group() as caller:
+                    caller.start_soon(call, mode, checkpoints)
+                    if patience is not None:  # the caller goes away, queued or running
+                        for _ in range(patience):
+                            await anyio.lowlevel.checkpoint()
+                        caller.cancel_scope.cancel()
+                if caller.cancel_scope.cancelled_caught:
+                    count("cancelled")
+
+        async with TurnRegistry(max_queued=100) as turns, anyio.create_task_group() as tg:
+            for _ in range(50):
+                plan = [
+                    (
+                        rng.choice(modes),
+                        rng.randrange(4),
+                        rng.randrange(20) if rng.random() < 0.1 else None,
+                    )
+                    for _ in range(20)
+                ]
+                tg.start_soon(submitter, plan)
+        assert sum(outcomes.values()) >= 1000
+        assert bodies_ended >= outcomes["ran"] >= 50
+        assert active == 0
+        assert not turns._table
+        if modes is ENQUEUE_ONLY:
+            assert set(outcomes) == {"ran", "cancelled"}
+        else:
+            assert {"TurnDropped", "TurnInterrupted", "ConversationBusyError"} <= set(outcomes)
+
+
+async def _fan_out(turns: TurnRegistry, count: int, prefix: str) -> None:
+    async def turn(fence: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    for i in range(count):
+        turns.submit(f"{prefix}-{i}", Job(turn if i else forever))
+    assert len(turns._table) == count
+    # One conversation is stuck until interrupted, so all of them are alive at once.
+    await wait_all_tasks_blocked()
+    turns.submit(f"{prefix}-0", Job(turn), "interrupt")
+    assert await turns.wait()
+
+
+class LeanLocker:
+    """Grants at once and remembers nothing, so only the registry could hold memory."""
+
+    def __init__(self) -> None:
+        self.fence = 0
+
+    async def acquire(self, conversation_id: str) -> Lease:
+        await anyio.lowlevel.checkpoint()
+        self.fence += 1
+        return LeanLease(self.fence)
+
+
+class LeanLease:
+    def __init__(self, fence: int) -> None:
+        self.fence = fence
+        self.lost = anyio.Event()
+
+    async def release(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize(
+    ("locked", "count"), [(False, 10_000), (True, 2_000)], ids=["unlocked", "locked"]
+)
+async def test_ten_thousand_conversations_leave_nothing_behind(locked: bool, count: int) -> None:
+    with anyio.fail_after(60):
+        async with TurnRegistry(locker=LeanLocker() if locked else None) as turns:
+            # The first burst grows the backends' own tables (anyio's task set, asyncio's
+            # task registry) to their high-water mark; a second burst of *new*
+            # conversations must then leave nothing behind.
+            await _fan_out(turns, count, "first")
+            gc.collect()
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                await _fan_out(turns, count, "second")
+                gc.collect()
+                after = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+            assert not turns._table
+            assert not turns._acquiring
+            ours = [tracemalloc.Filter(True, "*lovely_coordinator*")]
+            held_by_us = after.filter_traces(ours).compare_to(
+                before.filter_traces(ours), "filename"
+            )
+            assert sum(stat.size_diff for stat in held_by_us) < 4_000
+            # Memory blocks, not bytes: a hash table elsewhere may sit at another capacity,
+            # but anything kept per conversation would be thousands of blocks (the rest
+            # is noise of a few hundred at most: free lists, caches).
+            blocks = sum(stat.count_diff for stat in after.compare_to(before, "filename"))
+            assert blocks < 1_000, f"{blocks} blocks still held after {count} conversations"
