@@ -13,6 +13,7 @@ Needs the ``redis`` extra (redis-py's asyncio client, with hiredis)::
 
 from ._redis.fenced_log import FencedLog as FencedLog
 from ._redis.fenced_log import StaleFenceError as StaleFenceError
+from ._redis.gates import RedisGates as RedisGates
 from ._redis.locker import RedisLease as RedisLease
 from ._redis.locker import RedisLocker as RedisLocker
 from ._redis.permit_pool import RedisPermit as RedisPermit
@@ -20,6 +21,7 @@ from ._redis.permit_pool import RedisPermitPool as RedisPermitPool
 
 __all__ = [
     "FencedLog",
+    "RedisGates",
     "RedisLease",
     "RedisLocker",
     "RedisPermit",
