@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import signal
 from collections.abc import Iterator
@@ -14,9 +16,11 @@ import redis.asyncio
 import redis.exceptions
 
 from lovely_coordinator import InvalidArgumentError
+from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.child import Child
 from lovely_coordinator._redis.server import ThrowawayServer
-from lovely_coordinator.redis import RedisLease, RedisLocker
+from lovely_coordinator.redis import FencedLog, RedisLease, RedisLocker
+from lovely_coordinator.turns import Job, LeaseLostError, TurnRegistry
 
 REPLICA = str(Path(__file__).with_name("redis_replica.py"))
 
@@ -198,26 +202,80 @@ async def test_cancelled_waiter_leaves_nothing_behind(redis_client: Any) -> None
             pass
 
 
+class ReplyEatingProxy:
+    """A loopback TCP proxy: on its first connection, replies to scripts never arrive.
+
+    The connection handshake is answered normally; from the first EVALSHA on, requests
+    still reach the server but its replies are dropped.
+    """
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        first = self._connections == 1
+        eating = False
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        self._writers += (writer, up_writer)
+
+        async def requests() -> None:
+            nonlocal eating
+            while data := await reader.read(65536):
+                eating = eating or (first and b"EVALSHA" in data.upper())
+                up_writer.write(data)
+                await up_writer.drain()
+            up_writer.close()
+
+        async def replies() -> None:
+            while data := await up_reader.read(65536):
+                if not eating:
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        for pump in (requests(), replies()):
+            self._tasks.add(asyncio.create_task(pump))
+
+    async def close(self) -> None:
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        await self._server.wait_closed()
+
+
 @pytest.mark.asyncio
 async def test_cancelled_acquire_whose_reply_was_lost_cleans_up(
-    own_server: ThrowawayServer,
+    redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
     with anyio.fail_after(10):
-        client = redis.asyncio.Redis.from_url(own_server.url)
-        await client.ping()
+        proxy = ReplyEatingProxy(redis_server.port)
+        client = redis.asyncio.Redis(port=await proxy.start())
         locker = RedisLocker(client, ttl=30)
-        own_server.pause()
-        try:
-            # The request reaches the socket, the server grants it when it resumes, but the
-            # caller has given up by then: the clean-up must delete that grant.
-            with anyio.move_on_after(0.2):
-                await locker.acquire("c")
-        finally:
-            own_server.resume()
-        async with await locker.acquire("c") as lease:  # not stuck behind a 30 s ghost
-            assert lease.fence > 0
-        assert await client.exists("lovely:{c}:lock") == 0
+        await redis_client.script_load(scripts.LOCK_ACQUIRE)  # no NOSCRIPT round trip
+        # The server grants the request, but the reply never arrives and the caller
+        # gives up: the clean-up (on a fresh connection) must delete that grant.
+        with anyio.move_on_after(0.3):
+            await locker.acquire("c")
+        assert await redis_client.exists("lovely:{c}:fence") == 1  # the grant did happen
+        assert await redis_client.exists("lovely:{c}:lock") == 0  # ...and was cleaned up
+        async with await RedisLocker(redis_client, ttl=30).acquire("c"):
+            pass  # not stuck behind a 30 s ghost
         await client.aclose()
+        await proxy.close()
 
 
 @pytest.mark.asyncio
@@ -251,3 +309,143 @@ async def test_bad_conversation_id(redis_client: Any) -> None:
         locker = RedisLocker(redis_client)
         with pytest.raises(InvalidArgumentError, match=r"^conversation_id must be a nonempty"):
             await locker.acquire("")
+
+
+# --- replicas sharing one conversation through TurnRegistry ------------------------------
+
+
+async def outcomes_of(child: Child) -> list[str]:
+    while True:
+        report = await child.read()
+        if "outcomes" in report:
+            outcomes: list[str] = report["outcomes"]
+            return outcomes
+
+
+def turn_blocks(entries: list[tuple[int, str]]) -> dict[str, list[tuple[int, int, str]]]:
+    """Each turn's log entries as (index, fence, kind), by turn label."""
+    blocks: dict[str, list[tuple[int, int, str]]] = {}
+    for index, (fence, entry) in enumerate(entries):
+        kind, _, label = entry.partition(" ")
+        blocks.setdefault(label, []).append((index, fence, kind))
+    return blocks
+
+
+def assert_completed_turns_never_overlap(
+    entries: list[tuple[int, str]], completed: set[str]
+) -> None:
+    fences = [fence for fence, _ in entries]
+    assert fences == sorted(fences), "the store accepted a stale fence"
+    blocks = turn_blocks(entries)
+    for label in completed:
+        block = blocks[label]
+        assert [kind for _, _, kind in block] == ["start", "tick", "tick", "end"]
+        indexes = [index for index, _, _ in block]
+        assert indexes == list(range(indexes[0], indexes[0] + 4)), f"{label} overlapped"
+        assert len({fence for _, fence, _ in block}) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_replica_processes_never_overlap_turns(
+    redis_server: ThrowawayServer, redis_client: Any, replicas: int
+) -> None:
+    with anyio.fail_after(60):
+        url = redis_server.url
+        children = [
+            await Child.start(REPLICA, "turns", url, url, "c", "2", "8", f"r{n}")
+            for n in range(replicas)
+        ]
+        try:
+            outcomes = [await outcomes_of(child) for child in children]
+        finally:
+            for child in children:
+                await child.kill()
+        assert outcomes == [["ok"] * 8] * replicas
+        entries = await FencedLog(redis_client, "log").entries()
+        assert len(entries) == 4 * 8 * replicas
+        labels = {f"r{n}-{i}" for n in range(replicas) for i in range(8)}
+        assert_completed_turns_never_overlap(entries, labels)
+
+
+@pytest.mark.asyncio
+async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
+    redis_server: ThrowawayServer, redis_client: Any
+) -> None:
+    with anyio.fail_after(30):
+        ttl = 0.5
+        url = redis_server.url
+        child = await Child.start(REPLICA, "stale", url, url, "c", str(ttl))
+        try:
+            stale_fence = (await child.read())["started"]
+            child.signal(signal.SIGSTOP)  # a GC pause / stalled loop, past the ttl
+            stopped_at = anyio.current_time()
+            lease = await RedisLocker(redis_client, ttl=ttl).acquire("c")
+            assert anyio.current_time() - stopped_at <= ttl + 0.2
+            assert lease.fence > stale_fence
+            log = FencedLog(redis_client, "log")
+            takeover = await log.append(lease.fence, "takeover")
+            child.signal(signal.SIGCONT)
+            report = await child.read()
+            await lease.release()
+        finally:
+            await child.kill()
+        assert report["error"] == "LeaseLostError"  # its turn was cancelled
+        assert report["refused"] >= 1  # ...and its writes after the takeover refused
+        after = (await log.entries())[takeover:]
+        assert all(fence == lease.fence for fence, _ in after)
+
+
+@pytest.mark.asyncio
+async def test_server_killed_and_restarted_mid_run(
+    own_server: ThrowawayServer, redis_server: ThrowawayServer, redis_client: Any
+) -> None:
+    with anyio.fail_after(60):
+        # The lock server restarts without persistence; the store (where the fences are
+        # checked) is another server and keeps its high-water mark.
+        lock_url, store_url = own_server.url, redis_server.url
+        children = [
+            await Child.start(REPLICA, "turns", lock_url, store_url, "c", "0.6", "40", f"r{n}")
+            for n in range(2)
+        ]
+        try:
+            for child in children:
+                assert "started" in await child.read()
+            own_server.kill()
+            await anyio.sleep(0.3)
+            own_server.start()
+            outcomes = [await outcomes_of(child) for child in children]
+        finally:
+            for child in children:
+                await child.kill()
+        flat = [outcome for per_child in outcomes for outcome in per_child]
+        assert len(flat) == 80  # every turn accounted for
+        allowed = {"ok", "LeaseLostError", "CoordinationUnavailableError", "StaleFenceError"}
+        assert set(flat) <= allowed, flat
+        assert flat.count("ok") >= 40  # it recovered
+        completed = {
+            f"r{n}-{i}"
+            for n, per_child in enumerate(outcomes)
+            for i, o in enumerate(per_child)
+            if o == "ok"
+        }
+        entries = await FencedLog(redis_client, "log").entries()
+        assert_completed_turns_never_overlap(entries, completed)
+
+
+@pytest.mark.asyncio
+async def test_client_pause_cancels_the_running_turn(redis_client: Any) -> None:
+    with anyio.fail_after(10):
+        started = anyio.Event()
+
+        async def turn(fence: int) -> None:
+            started.set()
+            await anyio.sleep(30)
+
+        job = Job(turn)
+        async with TurnRegistry(locker=RedisLocker(redis_client, ttl=0.5)) as turns:
+            turns.submit("c", job)
+            await started.wait()
+            await redis_client.client_pause(1500, all=True)
+            await job.wait()
+        assert isinstance(job.error, LeaseLostError)
