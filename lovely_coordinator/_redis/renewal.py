@@ -63,13 +63,23 @@ class Renewer:
         # Stopped through an anyio scope, never Task.cancel(): the anyio scopes inside
         # would otherwise be free to absorb a native cancellation.
         self._scope = anyio.CancelScope()
-        self._task = asyncio.create_task(self._main(sent_at + ttl / 3))
+        self._task: asyncio.Task[None] | None = None
+        # No task until the first renewal is due: most grants are released before that,
+        # and then holding one costs a timer, not a task. (asyncio's loop clock is the
+        # anyio clock.)
+        first_attempt = sent_at + ttl / 3
+        self._timer = asyncio.get_running_loop().call_at(first_attempt, self._start, first_attempt)
+
+    def _start(self, first_attempt: float) -> None:
+        self._task = asyncio.create_task(self._main(first_attempt))
 
     async def stop(self) -> None:
         """Stop renewing (idempotent). The grant then lapses unless released."""
+        self._timer.cancel()
         self._scope.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait([self._task])
+        if self._task is not None:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([self._task])
 
     async def _main(self, first_attempt: float) -> None:
         with self._scope:
