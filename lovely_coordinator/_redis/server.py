@@ -119,8 +119,11 @@ class ThrowawayServer:
         deadline = time.monotonic() + _START_TIMEOUT
         while not _answers_ping(self.port):
             if self._process.poll() is not None:
-                stderr = self._process.stderr.read() if self._process.stderr else b""
-                self._process = None
+                process, self._process = self._process, None
+                stderr = b""
+                if process.stderr is not None:
+                    stderr = process.stderr.read()
+                    process.stderr.close()
                 raise RuntimeError(f"{self.executable} exited at start: {stderr.decode()!r}")
             if time.monotonic() > deadline:
                 self.kill()
