@@ -768,18 +768,23 @@ async def test_an_interrupted_turn_cleans_up_before_the_next_one_starts() -> Non
 
 async def test_a_turn_that_finishes_despite_the_interrupt_keeps_its_outcome() -> None:
     with anyio.fail_after(5):
+        entered, release = anyio.Event(), anyio.Event()
 
         async def stubborn(fence: int) -> str:
             with anyio.CancelScope(shield=True):
-                await anyio.lowlevel.checkpoint()
-            return "done anyway"
+                entered.set()
+                await release.wait()
+            return "done anyway"  # no checkpoint left for the interrupt to land on
 
         async with TurnRegistry() as turns:
             job = Job(stubborn)
             turns.submit("conv", job)
-            await anyio.lowlevel.checkpoint()  # let it enter the shielded checkpoint
+            await entered.wait()
             turns.submit("conv", Job(Recorder().turn("b")), "interrupt")
-        assert job.error is None
+            release.set()
+            await job.wait()
+            assert job.error is None
+            assert job._result == "done anyway"
 
 
 async def test_replace_queued_keeps_the_running_turn() -> None:
