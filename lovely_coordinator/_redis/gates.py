@@ -26,6 +26,7 @@ from typing import Any, Final, Protocol, final
 import anyio
 from redis.exceptions import RedisError
 
+from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from . import scripts
 from .subscriber import Subscriber, text
@@ -81,8 +82,10 @@ class RedisGates:
         prefix: str = "lovely:",
         resync_interval: float = 10.0,
     ) -> None:
-        if not (isinstance(resync_interval, int | float) and resync_interval > 0):
-            raise ValueError("resync_interval must be a positive number of seconds")
+        if isinstance(resync_interval, bool) or not isinstance(resync_interval, int | float):
+            raise InvalidArgumentTypeError("resync_interval must be a positive number of seconds")
+        if not (math.isfinite(resync_interval) and resync_interval > 0):
+            raise InvalidArgumentError("resync_interval must be a positive number of seconds")
         self._client = client
         self._coordinator = coordinator
         self._key = f"{prefix}{{gates}}:closed"

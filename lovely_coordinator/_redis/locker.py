@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from types import TracebackType
-from typing import Any, Final, final
+from collections.abc import AsyncIterator
+from typing import Any, final
 
-import anyio
-
+from .._errors import InvalidArgumentTypeError
 from . import scripts
-from .renewal import Renewer, best_effort
+from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .subscriber import Subscriber, Watch
 from .validation import check_key, check_ttl
 
 __all__ = ["RedisLease", "RedisLocker"]
-
-FENCE_TTL_MS: Final = 86_400_000  # a day; tokens stay monotonic after it lapses anyway
-MAX_RECHECK: Final = 1.0  # seconds a waiter may go without re-checking
 
 
 @final
@@ -49,7 +45,7 @@ class RedisLocker:
     def __init__(self, client: Any, *, ttl: float = 30.0, prefix: str = "lovely:") -> None:
         self._ttl = check_ttl(ttl)
         if not isinstance(prefix, str):
-            raise TypeError("prefix must be a string")
+            raise InvalidArgumentTypeError("prefix must be a string")
         self._client = client
         self._prefix = prefix
         self._ttl_ms = max(1, round(self._ttl * 1000))
@@ -81,49 +77,26 @@ class RedisLocker:
         """
         check_key(conversation_id, "conversation_id")
         keys = self._keys(conversation_id)
-        owner = uuid.uuid4().hex
-        watch: Watch | None = None
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                while True:
-                    if watch is not None:
-                        watch.reset()
-                    sent = anyio.current_time()
-                    tag, value = await self._acquire_script(
-                        keys, [owner, self._ttl_ms, FENCE_TTL_MS]
-                    )
-                    if tag == scripts.GRANTED:
-                        return RedisLease(self, conversation_id, owner, int(value), sent)
-                    if tag == scripts.CLOCK_BEHIND:
-                        await anyio.sleep(min(int(value) / 1e6, MAX_RECHECK))
-                    elif watch is None:
-                        # Subscribe, then check again at once: a release may have been
-                        # announced before the subscription was in place.
-                        watch = stack.enter_context(self._watching(conversation_id))
-                        await stack.enter_async_context(self._subscriber.active())
-                    else:
-                        pttl = int(value)
-                        wait = MAX_RECHECK if pttl < 0 else min(pttl / 1000, MAX_RECHECK)
-                        with anyio.move_on_after(wait + 0.001):
-                            await watch.event.wait()
-            except BaseException:
-                # The request may have been granted with its reply lost: delete that grant.
-                await best_effort(
-                    lambda: self._delete(conversation_id, owner),
-                    self._ttl,
-                    f"cleaning up an abandoned acquire of {conversation_id!r}",
-                )
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it
+        reply, sent = await wait_for_grant(
+            lambda: self._acquire_script(keys, [owner, self._ttl_ms, FENCE_TTL_MS]),
+            lambda _: self._watching(conversation_id),
+            lambda: self._delete(conversation_id, owner),
+            bound=self._ttl,
+            recheck=MAX_RECHECK,
+            what=f"acquiring {conversation_id!r}",
+        )
+        return RedisLease(self, conversation_id, owner, int(reply[1]), sent)
 
-    @contextlib.contextmanager
-    def _watching(self, conversation_id: str) -> Any:
+    @contextlib.asynccontextmanager
+    async def _watching(self, conversation_id: str) -> AsyncIterator[Watch]:
         watch = Watch()
-        self._watches.setdefault(conversation_id, set()).add(watch)
+        watches = self._watches.setdefault(conversation_id, set())
+        watches.add(watch)
         try:
-            yield watch
+            async with self._subscriber.active():
+                yield watch
         finally:
-            watches = self._watches[conversation_id]
             watches.discard(watch)
             if not watches:
                 del self._watches[conversation_id]
@@ -151,18 +124,20 @@ class RedisLocker:
 
 
 @final
-class RedisLease:
+class RedisLease(Grant):
     """A conversation's lease, held by this replica until released or lost.
 
     Attributes:
         fence: the fencing token, strictly greater than every earlier token of the same
             conversation (even across a server restart without persistence).
-        lost: set when the lease can no longer be shown held: a renewal was refused, or
-            none succeeded before the local deadline (always before ``ttl`` has passed
-            since the last successful renewal was sent).
         conversation_id: the conversation it serializes.
+        lost: an :class:`anyio.Event`, set when the lease can no longer be shown held: a
+            renewal was refused, or none succeeded before the local deadline (always
+            before ``ttl`` has passed since the last successful renewal was sent).
 
-    An async context manager: leaving the block releases it.
+    ``await lease.release()`` deletes the lease only if this replica still holds it; it
+    is idempotent, shielded, and never raises for a lease that lapsed. An async context
+    manager: leaving the block releases it.
     """
 
     def __init__(
@@ -170,52 +145,10 @@ class RedisLease:
     ) -> None:
         self.conversation_id = conversation_id
         self.fence = fence
-        self._locker = locker
-        self._owner = owner
-        self._released: anyio.Event | None = None
-        self._renewer = Renewer(
-            locker.ttl,
-            sent_at,
-            lambda: locker._extend(conversation_id, owner),
-            f"the lease on {conversation_id!r} (fence {fence})",
+        super().__init__(
+            ttl=locker.ttl,
+            sent_at=sent_at,
+            renew=lambda: locker._extend(conversation_id, owner),
+            give_back=lambda: locker._delete(conversation_id, owner),
+            name=f"the lease on {conversation_id!r} (fence {fence})",
         )
-        self.lost = self._renewer.lost
-
-    @property
-    def released(self) -> bool:
-        return self._released is not None
-
-    async def release(self) -> None:
-        """Delete the lease if this replica still holds it; idempotent and shielded.
-
-        Never raises for a lease that already lapsed or was lost. If the server cannot be
-        reached the failure is logged and the lease lapses by itself within ``ttl``.
-        """
-        if self._released is not None:
-            await self._released.wait()
-            return
-        self._released = done = anyio.Event()
-        try:
-            await self._renewer.stop()
-            await best_effort(
-                lambda: self._locker._delete(self.conversation_id, self._owner),
-                self._locker.ttl,
-                f"releasing {self!r}",
-            )
-        finally:
-            done.set()
-
-    async def __aenter__(self) -> RedisLease:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else "lost" if self.lost.is_set() else "held"
-        return f"<RedisLease {self.conversation_id!r} fence={self.fence} {state}>"

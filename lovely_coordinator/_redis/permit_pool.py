@@ -26,15 +26,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from types import TracebackType
 from typing import Any, Final, final
-
-import anyio
 
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from . import scripts
-from .locker import FENCE_TTL_MS, MAX_RECHECK
-from .renewal import Renewer, best_effort
+from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .subscriber import Subscriber, Watch
 from .validation import check_key, check_ttl
 
@@ -106,44 +102,23 @@ class RedisPermitPool:
         """
         permit_id = uuid.uuid4().hex
         args = [permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel]
-        heartbeat = min(self._ttl / 3, MAX_RECHECK)
-        watch: Watch | None = None
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                while True:
-                    if watch is not None:
-                        watch.reset()
-                    sent = anyio.current_time()
-                    tag, value, ticket = await self._acquire_script(self._keys, args)
-                    if tag == scripts.GRANTED:
-                        return RedisPermit(self, permit_id, int(value), int(ticket), sent)
-                    if tag == scripts.CLOCK_BEHIND:
-                        await anyio.sleep(min(int(value) / 1e6, heartbeat))
-                    elif watch is None:
-                        # Subscribe, then try again at once: a release may have been
-                        # announced before the subscription was in place.
-                        watch = stack.enter_context(self._watching(int(ticket)))
-                        await stack.enter_async_context(self._subscriber.active())
-                    else:
-                        until_free = int(value)
-                        wait = heartbeat if until_free < 0 else min(until_free / 1000, heartbeat)
-                        with anyio.move_on_after(wait + 0.001):
-                            await watch.event.wait()
-            except BaseException:
-                await best_effort(
-                    lambda: self._leave(permit_id),
-                    self._ttl,
-                    f"giving up a place in pool {self.name!r}",
-                )
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        reply, sent = await wait_for_grant(
+            lambda: self._acquire_script(self._keys, args),
+            lambda reply: self._watching(int(reply[2])),
+            lambda: self._leave(permit_id),
+            bound=self._ttl,
+            recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
+            what=f"acquiring a permit of pool {self.name!r}",
+        )
+        return RedisPermit(self, permit_id, int(reply[1]), int(reply[2]), sent)
 
-    @contextlib.contextmanager
-    def _watching(self, ticket: int) -> Any:
+    @contextlib.asynccontextmanager
+    async def _watching(self, ticket: int) -> AsyncIterator[Watch]:
         watch = Watch(ticket)
         self._watches.add(watch)
         try:
-            yield watch
+            async with self._subscriber.active():
+                yield watch
         finally:
             self._watches.discard(watch)
 
@@ -165,16 +140,17 @@ class RedisPermitPool:
 
 
 @final
-class RedisPermit:
+class RedisPermit(Grant):
     """One permit of a :class:`RedisPermitPool`, held until released or lost.
 
     Attributes:
         fence: a fencing token, strictly greater than every earlier permit's of the pool.
         ticket: the place in line it was granted from (1, 2, 3, ... per pool).
-        lost: set when the permit can no longer be shown held (its renewal was refused,
-            or none succeeded before the local deadline).
+        lost: an :class:`anyio.Event`, set when the permit can no longer be shown held.
 
-    An async context manager: leaving the block releases it.
+    ``await permit.release()`` gives it back (the next in line is woken); idempotent,
+    shielded, never raises for a permit that lapsed. An async context manager: leaving
+    the block releases it.
     """
 
     def __init__(
@@ -182,50 +158,10 @@ class RedisPermit:
     ) -> None:
         self.fence = fence
         self.ticket = ticket
-        self._pool = pool
-        self._id = permit_id
-        self._released: anyio.Event | None = None
-        self._renewer = Renewer(
-            pool.ttl,
-            sent_at,
-            lambda: pool._refresh(permit_id),
-            f"permit {fence} of pool {pool.name!r}",
+        super().__init__(
+            ttl=pool.ttl,
+            sent_at=sent_at,
+            renew=lambda: pool._refresh(permit_id),
+            give_back=lambda: pool._leave(permit_id),
+            name=f"permit {fence} of pool {pool.name!r}",
         )
-        self.lost = self._renewer.lost
-
-    @property
-    def released(self) -> bool:
-        return self._released is not None
-
-    async def release(self) -> None:
-        """Give the permit back (the next in line is woken); idempotent and shielded.
-
-        Never raises for a permit that lapsed; if the server cannot be reached the failure
-        is logged and the permit lapses by itself within ``ttl``.
-        """
-        if self._released is not None:
-            await self._released.wait()
-            return
-        self._released = done = anyio.Event()
-        try:
-            await self._renewer.stop()
-            await best_effort(
-                lambda: self._pool._leave(self._id), self._pool.ttl, f"releasing {self!r}"
-            )
-        finally:
-            done.set()
-
-    async def __aenter__(self) -> RedisPermit:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else "lost" if self.lost.is_set() else "held"
-        return f"<RedisPermit {self._pool.name!r} fence={self.fence} {state}>"
