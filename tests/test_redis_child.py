@@ -7,7 +7,7 @@ import signal
 import anyio
 import pytest
 
-from lovely_coordinator._redis.child import Child
+from lovely_coordinator._redis.child import Child, running
 
 ECHO = "import json, sys\nprint(json.dumps({'hello': 1}))\nprint(sys.stdin.readline().strip())"
 
@@ -32,3 +32,12 @@ async def test_kill_a_stopped_child() -> None:
         child.signal(signal.SIGSTOP)
         await child.kill()
         assert await child.wait() == -signal.SIGKILL
+
+
+@pytest.mark.asyncio
+async def test_running_kills_every_child_on_the_way_out() -> None:
+    with anyio.fail_after(10):
+        sleeper = ("-c", "import time; time.sleep(60)")
+        async with running(sleeper, sleeper) as children:
+            assert len({child.pid for child in children}) == 2
+        assert [await child.wait() for child in children] == [-signal.SIGKILL] * 2

@@ -17,7 +17,7 @@ import redis.exceptions
 
 from lovely_coordinator import InvalidArgumentError
 from lovely_coordinator._redis import scripts
-from lovely_coordinator._redis.child import Child
+from lovely_coordinator._redis.child import Child, running
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, RedisLease, RedisLocker
 from lovely_coordinator.turns import Job, LeaseLostError, TurnRegistry
@@ -284,8 +284,8 @@ async def test_killed_holder_expires_within_ttl_and_next_fence_is_higher(
 ) -> None:
     with anyio.fail_after(20):
         ttl = 1.0
-        child = await Child.start(REPLICA, "hold", redis_server.url, "lovely:", "c", str(ttl))
-        try:
+        argv = (REPLICA, "hold", redis_server.url, "lovely:", "c", str(ttl))
+        async with running(argv) as (child,):
             fence = (await child.read())["fence"]
             child.signal(signal.SIGKILL)
             killed_at = anyio.current_time()
@@ -293,8 +293,6 @@ async def test_killed_holder_expires_within_ttl_and_next_fence_is_higher(
             assert anyio.current_time() - killed_at <= ttl + 0.1
             assert lease.fence > fence
             await lease.release()
-        finally:
-            await child.kill()
 
 
 @pytest.mark.parametrize("ttl", [0, -1, math.inf, math.nan, 0.001])
@@ -352,15 +350,9 @@ async def test_replica_processes_never_overlap_turns(
 ) -> None:
     with anyio.fail_after(60):
         url = redis_server.url
-        children = [
-            await Child.start(REPLICA, "turns", url, url, "c", "2", "8", f"r{n}")
-            for n in range(replicas)
-        ]
-        try:
+        argvs = [(REPLICA, "turns", url, url, "c", "2", "8", f"r{n}") for n in range(replicas)]
+        async with running(*argvs) as children:
             outcomes = [await outcomes_of(child) for child in children]
-        finally:
-            for child in children:
-                await child.kill()
         assert outcomes == [["ok"] * 8] * replicas
         entries = await FencedLog(redis_client, "log").entries()
         assert len(entries) == 4 * 8 * replicas
@@ -375,8 +367,7 @@ async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
     with anyio.fail_after(30):
         ttl = 0.5
         url = redis_server.url
-        child = await Child.start(REPLICA, "stale", url, url, "c", str(ttl))
-        try:
+        async with running((REPLICA, "stale", url, url, "c", str(ttl))) as (child,):
             stale_fence = (await child.read())["started"]
             child.signal(signal.SIGSTOP)  # a GC pause / stalled loop, past the ttl
             stopped_at = anyio.current_time()
@@ -388,8 +379,6 @@ async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
             child.signal(signal.SIGCONT)
             report = await child.read()
             await lease.release()
-        finally:
-            await child.kill()
         assert report["error"] == "LeaseLostError"  # its turn was cancelled
         assert report["refused"] >= 1  # ...and its writes after the takeover refused
         after = (await log.entries())[takeover:]
@@ -404,20 +393,16 @@ async def test_server_killed_and_restarted_mid_run(
         # The lock server restarts without persistence; the store (where the fences are
         # checked) is another server and keeps its high-water mark.
         lock_url, store_url = own_server.url, redis_server.url
-        children = [
-            await Child.start(REPLICA, "turns", lock_url, store_url, "c", "0.6", "40", f"r{n}")
-            for n in range(2)
+        argvs = [
+            (REPLICA, "turns", lock_url, store_url, "c", "0.6", "40", f"r{n}") for n in range(2)
         ]
-        try:
+        async with running(*argvs) as children:
             for child in children:
                 assert "started" in await child.read()
             own_server.kill()
             await anyio.sleep(0.3)
             own_server.start()
             outcomes = [await outcomes_of(child) for child in children]
-        finally:
-            for child in children:
-                await child.kill()
         flat = [outcome for per_child in outcomes for outcome in per_child]
         assert len(flat) == 80  # every turn accounted for
         allowed = {"ok", "LeaseLostError", "CoordinationUnavailableError", "StaleFenceError"}

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from lovely_coordinator import InvalidArgumentError
-from lovely_coordinator._redis.child import Child
+from lovely_coordinator._redis.child import running
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisPermitPool
 
@@ -127,8 +127,8 @@ async def test_killed_process_permits_are_reclaimed_within_ttl(
 ) -> None:
     with anyio.fail_after(20):
         ttl = 1.0
-        child = await Child.start(REPLICA, "pool-hold", redis_server.url, "p", "2", str(ttl), "2")
-        try:
+        argv = (REPLICA, "pool-hold", redis_server.url, "p", "2", str(ttl), "2")
+        async with running(argv) as (child,):
             fences = (await child.read())["fences"]
             child.signal(signal.SIGKILL)
             killed_at = anyio.current_time()
@@ -138,8 +138,6 @@ async def test_killed_process_permits_are_reclaimed_within_ttl(
             assert min(first.fence, second.fence) > max(fences)
             await first.release()
             await second.release()
-        finally:
-            await child.kill()
 
 
 @pytest.mark.asyncio
@@ -150,16 +148,14 @@ async def test_dead_waiter_at_the_head_is_skipped(
         ttl = 1.0
         pool = RedisPermitPool(redis_client, name="p", limit=1, ttl=ttl)
         holder = await pool.acquire()
-        child = await Child.start(REPLICA, "pool-hold", redis_server.url, "p", "1", str(ttl), "1")
-        try:
+        argv = (REPLICA, "pool-hold", redis_server.url, "p", "1", str(ttl), "1")
+        async with running(argv) as (child,):
             await wait_until_queued(redis_client, 1)  # the child waits at the head
             child.signal(signal.SIGKILL)
             killed_at = anyio.current_time()
             await holder.release()
             async with pool.permit():
                 assert anyio.current_time() - killed_at <= ttl + 1.0
-        finally:
-            await child.kill()
 
 
 @pytest.mark.asyncio
@@ -168,13 +164,9 @@ async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
 ) -> None:
     with anyio.fail_after(60):
         limit = 5
-        args = ("pool-run", redis_server.url, "p", str(limit), "5", "50")
-        children = [await Child.start(REPLICA, *args) for _ in range(3)]
-        try:
+        argv = (REPLICA, "pool-run", redis_server.url, "p", str(limit), "5", "50")
+        async with running(argv, argv, argv) as children:
             grants = [g for child in children for g in (await child.read())["grants"]]
-        finally:
-            for child in children:
-                await child.kill()
         assert len(grants) == 150
         holders = [h for _, _, h in grants]
         assert max(holders) <= limit

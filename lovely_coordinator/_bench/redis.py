@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio
 from redis.asyncio.lock import Lock
 
-from .._redis.child import Child
+from .._redis.child import running
 from .._redis.server import ThrowawayServer
 from ..redis import RedisLocker, RedisPermitPool
 from . import Figure
@@ -113,16 +113,12 @@ async def _contended(url: str, rounds: int) -> tuple[list[float], list[float]]:
 
 async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
     args = ("-m", __name__, "worker", url, "bench-pool", "5", str(tasks), str(rounds))
-    children = [await Child.start(*args) for _ in range(3)]
-    try:
+    async with running(args, args, args) as children:
         for child in children:
             assert (await child.read())["ready"]
         for child in children:
             child.send("go")
         reports = [await child.read() for child in children]
-    finally:
-        for child in children:
-            await child.kill()
     grants: int = sum(r["grants"] for r in reports)
     elapsed: float = max(r["elapsed"] for r in reports)
     return grants / elapsed

@@ -13,9 +13,12 @@ import json
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, final
 
-__all__ = ["Child"]
+import anyio
+
+__all__ = ["Child", "running"]
 
 
 @final
@@ -72,3 +75,17 @@ class Child:
         await self._process.wait()
         if self._process.stdin is not None:
             self._process.stdin.close()
+
+
+@contextlib.asynccontextmanager
+async def running(*argvs: Sequence[str]) -> AsyncIterator[list[Child]]:
+    """Start one child per argument list; kill every one of them on the way out."""
+    children: list[Child] = []
+    try:
+        for argv in argvs:
+            children.append(await Child.start(*argv))
+        yield children
+    finally:
+        with anyio.CancelScope(shield=True):
+            for child in children:
+                await child.kill()
