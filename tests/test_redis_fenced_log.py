@@ -6,8 +6,10 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
+from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
 
@@ -88,3 +90,14 @@ async def test_bad_arguments(redis_client: Any, fence: Any, entry: Any) -> None:
 def test_bad_key() -> None:
     with pytest.raises(InvalidArgumentError, match=r"^key must be a nonempty string$"):
         FencedLog(object(), "")
+
+
+@pytest.mark.asyncio
+async def test_works_with_a_decoding_client(redis_server: ThrowawayServer) -> None:
+    with anyio.fail_after(5):
+        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        log = FencedLog(client, "decoded")
+        await log.append(2, "ünïcode")
+        assert await log.entries() == [(2, "ünïcode")]
+        assert await log.high_water() == 2
+        await client.aclose()

@@ -24,8 +24,8 @@ OTHER = ModelTuple("anthropic", "claude-y")
 
 
 class Replica:
-    def __init__(self, url: str, **options: Any) -> None:
-        self.client = redis.asyncio.Redis.from_url(url)
+    def __init__(self, url: str, *, decode: bool = False, **options: Any) -> None:
+        self.client = redis.asyncio.Redis.from_url(url, decode_responses=decode)
         self.coordinator = create_agent_coordinator(2)
         self.gates = RedisGates(self.client, self.coordinator, **options)
 
@@ -116,7 +116,7 @@ async def test_a_new_replica_starts_with_the_current_closures(
 ) -> None:
     with anyio.fail_after(10):
         await replicas[0].gates.close_tuple(SLOW, reopen_after=30)
-        late = Replica(redis_server.url)
+        late = Replica(redis_server.url, decode=True)  # replies as str: parsed alike
         async with late.gates:
             assert not late.coordinator.is_tuple_open(SLOW)  # resynced inside __aenter__
             reopens_at = late.coordinator.tuple_reopens_at(SLOW)

@@ -181,6 +181,24 @@ async def test_client_pause_beyond_deadline_loses_the_lease(redis_client: Any) -
 
 
 @pytest.mark.asyncio
+async def test_works_with_a_decoding_client(redis_server: ThrowawayServer) -> None:
+    with anyio.fail_after(5):
+        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        locker = RedisLocker(client, ttl=5)
+        holder = await locker.acquire("ç")
+
+        async def next_turn() -> None:
+            async with await locker.acquire("ç"):  # woken through a decoded message
+                pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(next_turn)
+            await anyio.sleep(0.05)
+            await holder.release()
+        await client.aclose()
+
+
+@pytest.mark.asyncio
 async def test_different_prefixes_are_independent(redis_client: Any) -> None:
     with anyio.fail_after(5):
         a = await RedisLocker(redis_client, ttl=5, prefix="a:").acquire("c")

@@ -72,6 +72,9 @@ class RedisGates:
 
     Use it as an async context manager; the first resync completes inside
     ``__aenter__`` (which raises the client's error if Redis cannot be reached then).
+
+    Raises:
+        InvalidArgumentError: ``resync_interval`` is not a finite number > 0.
     """
 
     def __init__(
