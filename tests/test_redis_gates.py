@@ -194,3 +194,22 @@ async def test_bad_reopen_after_changes_nothing(replicas: list[Replica], redis_c
             await a.gates.close_tuple(SLOW, reopen_after=-1)
         assert a.coordinator.is_tuple_open(SLOW)
         assert await redis_client.zcard("lovely:{gates}:closed") == 0
+
+
+@pytest.mark.asyncio
+async def test_malformed_state_and_messages_are_ignored(
+    replicas: list[Replica], redis_client: Any
+) -> None:
+    a, b = replicas
+    with anyio.fail_after(10):
+        now_ms = int((await redis_client.time())[0]) * 1000
+        await redis_client.zadd("lovely:{gates}:closed", {"no-separator": now_ms + 30_000})
+        await redis_client.publish("lovely:{gates}:events", "c 1000 no-separator")
+        await redis_client.publish("lovely:{gates}:events", "gibberish")
+        await a.gates.close_tuple(SLOW, reopen_after=5)  # still heard after the bad ones
+        await closed_within(b.coordinator, SLOW, 0.5)
+        resyncs = b.gates.resyncs
+        await redis_client.client_kill_filter(_type="pubsub")
+        while b.gates.resyncs == resyncs:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        assert not b.coordinator.is_tuple_open(SLOW)

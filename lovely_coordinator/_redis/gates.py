@@ -214,6 +214,9 @@ class RedisGates:
             except (RedisError, OSError, TimeoutError) as exc:
                 _log.debug("gate resync failed: %r", exc)
                 interval = min(RETRY_INTERVAL, self._resync_interval)
+            except Exception:  # a background loop must never die quietly
+                _log.exception("gate resync failed")
+                interval = self._resync_interval
             else:
                 interval = self._resync_interval
 
@@ -227,9 +230,12 @@ class RedisGates:
                 )
             del self._unsynced[t]
         flat = await self._state_script([self._key], [])
-        closed = {
-            _tuple(text(flat[i])): int(text(flat[i + 1])) / 1000 for i in range(0, len(flat), 2)
-        }
+        closed: dict[ModelTuple, float] = {}
+        for i in range(0, len(flat), 2):
+            try:
+                closed[_tuple(text(flat[i]))] = int(text(flat[i + 1])) / 1000
+            except InvalidArgumentError:
+                _log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
         for t, seconds in closed.items():
             self._apply_close(t, seconds)
         for t, applied_until in list(self._applied.items()):

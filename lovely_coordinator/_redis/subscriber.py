@@ -106,6 +106,13 @@ class Subscriber:
                 self._task.add_done_callback(self._retiring.discard)
                 self._task = None
 
+    def _deliver(self, callback: Callable[..., object], *args: str) -> None:
+        # A bad message (anyone may publish on the channel) must not stop the listener.
+        try:
+            callback(*args)
+        except Exception:
+            _log.exception("subscriber on %s: handling %r failed", self._channel, args)
+
     async def _main(self, scope: anyio.CancelScope, ready: anyio.Event) -> None:
         with scope:
             await self._listen(ready)
@@ -120,11 +127,11 @@ class Subscriber:
                     async for message in pubsub.listen():
                         kind = text(message["type"])
                         if kind == "message":
-                            self._on_message(text(message["data"]))
+                            self._deliver(self._on_message, text(message["data"]))
                         elif kind == "subscribe":
                             failures = 0
                             if ready.is_set():
-                                self._on_reset()  # resubscribed: messages may be lost
+                                self._deliver(self._on_reset)  # resubscribed: messages lost?
                             ready.set()
                 except (RedisError, OSError) as exc:
                     delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS) - 1)]
@@ -133,7 +140,7 @@ class Subscriber:
                         "subscriber on %s failed (%r); retry in %s s", self._channel, exc, delay
                     )
                     ready.set()
-                    self._on_reset()
+                    self._deliver(self._on_reset)
                     with anyio.CancelScope(shield=True):
                         await pubsub.aclose()
                     pubsub = self._client.pubsub()
