@@ -35,7 +35,7 @@ class Script:
         return self.replies.pop(0)
 
     @contextlib.asynccontextmanager
-    async def watching(self, reply: Sequence[int]) -> AsyncIterator[Watch]:
+    async def watching(self) -> AsyncIterator[Watch]:
         self.watch = Watch()
         self.subscribed += 1
         try:
@@ -46,9 +46,17 @@ class Script:
     async def clean_up(self) -> None:
         self.cleaned_up += 1
 
-    async def run(self, recheck: float = 5.0) -> tuple[Sequence[Any], float]:
+    async def run(
+        self, recheck: float = 5.0, subscribed: bool = False
+    ) -> tuple[Sequence[Any], float]:
         return await wait_for_grant(
-            self.attempt, self.watching, self.clean_up, bound=1.0, recheck=recheck, what="test"
+            self.attempt,
+            self.watching,
+            self.clean_up,
+            subscribed=lambda: subscribed,
+            bound=1.0,
+            recheck=recheck,
+            what="test",
         )
 
 
@@ -179,3 +187,19 @@ async def test_release_never_raises_and_context_manager_releases() -> None:
         assert grant.released
         assert calls.give_backs == 1
         assert not grant.lost.is_set()
+
+
+@pytest.mark.asyncio
+async def test_already_subscribed_waiter_parks_after_one_refusal_and_learns_its_ticket() -> None:
+    with anyio.fail_after(5):
+        script = Script((WAITING, -1, 9), (GRANTED, 7, 9))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: script.run(subscribed=True))
+            while not script.attempts:  # noqa: ASYNC110  (attempts are counted)
+                await anyio.sleep(0.001)
+            await anyio.sleep(0.05)
+            assert len(script.attempts) == 1  # no re-try: it was listening all along
+            assert script.watch is not None
+            assert script.watch.ticket == 9
+            script.watch.event.set()
+        assert len(script.attempts) == 2

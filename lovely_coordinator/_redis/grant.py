@@ -1,10 +1,11 @@
 """What leases and permits share: waiting for a grant, holding it, and giving it back.
 
 Waiting: each attempt is one script call; the reply says granted, waiting (with the time
-until something held is due to expire), or "clock behind" (see scripts.py). After the
-first refusal the waiter subscribes for wake-ups and tries again at once (a release may
-have been announced before the subscription was in place), then re-tries whenever woken,
-when the holder is due to expire, and at least every ``recheck`` seconds. If the wait ends
+until something held is due to expire), or "clock behind" (see scripts.py). A refused
+waiter subscribes for wake-ups (and, if it was not subscribed before its attempt, tries
+again at once, since a release may have been announced before the subscription was in
+place), then re-tries whenever woken, when the holder is due to expire, and at least
+every ``recheck`` seconds. If the wait ends
 by any exception while a request may be in flight, ``clean_up`` (shielded, bounded) removes
 whatever the server may have granted or queued for this attempt.
 """
@@ -31,9 +32,10 @@ MAX_RECHECK: Final = 1.0  # seconds a waiter may go without re-checking
 
 async def wait_for_grant(
     attempt: Callable[[], Awaitable[Sequence[Any]]],
-    watching: Callable[[Sequence[Any]], AbstractAsyncContextManager[Watch]],
+    watching: Callable[[], AbstractAsyncContextManager[Watch]],
     clean_up: Callable[[], Awaitable[object]],
     *,
+    subscribed: Callable[[], bool],
     bound: float,
     recheck: float,
     what: str,
@@ -42,9 +44,13 @@ async def wait_for_grant(
 
     Args:
         attempt: one script call; its reply starts with ``(tag, value)``.
-        watching: given the first refusal, registers a :class:`Watch` and keeps the
-            wake-up subscription alive while it is entered.
+        watching: registers a :class:`Watch` and keeps the wake-up subscription alive
+            while it is entered. A third field in a refusal is the waiter's ticket,
+            copied to ``watch.ticket`` (wake-ups may be meant for tickets up to some
+            number only).
         clean_up: undoes whatever this attempt may hold on the server.
+        subscribed: whether the subscription is already up; then the watch is set
+            before the first attempt, which saves the re-try after subscribing.
         bound: seconds the clean-up may take (the grant's ttl).
         recheck: the longest wait between attempts.
         what: names the attempt in log messages.
@@ -52,6 +58,8 @@ async def wait_for_grant(
     watch: Watch | None = None
     async with contextlib.AsyncExitStack() as stack:
         try:
+            if subscribed():
+                watch = await stack.enter_async_context(watching())
             while True:
                 if watch is not None:
                     watch.reset()  # before the attempt, so no wake-up is missed
@@ -62,9 +70,16 @@ async def wait_for_grant(
                     return reply, sent
                 if tag == scripts.CLOCK_BEHIND:
                     await anyio.sleep(min(value / 1e6, recheck))
-                elif watch is None:
-                    watch = await stack.enter_async_context(watching(reply))
+                    continue
+                if watch is None:
+                    # Subscribe, then try again at once: a wake-up may have been
+                    # published before the subscription was in place.
+                    watch = await stack.enter_async_context(watching())
+                    if len(reply) > 2:
+                        watch.ticket = int(reply[2])
                 else:
+                    if len(reply) > 2:
+                        watch.ticket = int(reply[2])
                     wait = recheck if value < 0 else min(value / 1000, recheck)
                     with anyio.move_on_after(wait + 0.001):
                         await watch.event.wait()

@@ -80,8 +80,9 @@ class RedisLocker:
         owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it
         reply, sent = await wait_for_grant(
             lambda: self._acquire_script(keys, [owner, self._ttl_ms, FENCE_TTL_MS]),
-            lambda _: self._watching(conversation_id),
+            lambda: self._watching(conversation_id),
             lambda: self._delete(conversation_id, owner),
+            subscribed=lambda: self._subscriber.subscribed,
             bound=self._ttl,
             recheck=MAX_RECHECK,
             what=f"acquiring {conversation_id!r}",

@@ -104,8 +104,9 @@ class RedisPermitPool:
         args = [permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel]
         reply, sent = await wait_for_grant(
             lambda: self._acquire_script(self._keys, args),
-            lambda reply: self._watching(int(reply[2])),
+            self._watching,
             lambda: self._leave(permit_id),
+            subscribed=lambda: self._subscriber.subscribed,
             bound=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
             what=f"acquiring a permit of pool {self.name!r}",
@@ -113,8 +114,8 @@ class RedisPermitPool:
         return RedisPermit(self, permit_id, int(reply[1]), int(reply[2]), sent)
 
     @contextlib.asynccontextmanager
-    async def _watching(self, ticket: int) -> AsyncIterator[Watch]:
-        watch = Watch(ticket)
+    async def _watching(self) -> AsyncIterator[Watch]:
+        watch = Watch()  # woken by any announcement until its ticket is known
         self._watches.add(watch)
         try:
             async with self._subscriber.active():

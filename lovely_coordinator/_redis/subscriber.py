@@ -81,6 +81,11 @@ class Subscriber:
         self._retiring: set[asyncio.Task[None]] = set()  # strong references until done
         self._ready = anyio.Event()
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether a listener is running and has confirmed (or attempted) its subscription."""
+        return self._task is not None and self._ready.is_set()
+
     @contextlib.asynccontextmanager
     async def active(self) -> AsyncIterator[None]:
         """Keep the subscription alive for the body.
