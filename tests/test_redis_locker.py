@@ -308,7 +308,8 @@ async def test_killed_holder_expires_within_ttl_and_next_fence_is_higher(
             child.signal(signal.SIGKILL)
             killed_at = anyio.current_time()
             lease = await RedisLocker(redis_client, ttl=ttl).acquire("c")
-            assert anyio.current_time() - killed_at <= ttl + 0.1
+            # Within the ttl of its last renewal, plus the waiter's re-check at expiry.
+            assert anyio.current_time() - killed_at <= ttl + 0.25
             assert lease.fence > fence
             await lease.release()
 
@@ -390,7 +391,7 @@ async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
             child.signal(signal.SIGSTOP)  # a GC pause / stalled loop, past the ttl
             stopped_at = anyio.current_time()
             lease = await RedisLocker(redis_client, ttl=ttl).acquire("c")
-            assert anyio.current_time() - stopped_at <= ttl + 0.2
+            assert anyio.current_time() - stopped_at <= ttl + 0.25
             assert lease.fence > stale_fence
             log = FencedLog(redis_client, "log")
             takeover = await log.append(lease.fence, "takeover")
