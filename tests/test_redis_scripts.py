@@ -6,8 +6,19 @@ from typing import Any
 
 import anyio
 import pytest
+import redis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from lovely_coordinator._redis import scripts
+from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisLocker, RedisPermitPool
 
 
@@ -92,3 +103,102 @@ async def test_gate_state_drops_closures_that_ran_out(redis_client: Any) -> None
         await anyio.sleep(0.05)
         assert await state(["g"], []) == []
         assert await redis_client.zcard("g") == 0
+
+
+class PoolModel(RuleBasedStateMachine):
+    """The permit pool's scripts against a plain Python model of the same rules.
+
+    Expiry is simulated by moving a holder's or waiter's expiry score to 0, which the
+    scripts must treat exactly like a process that stopped renewing.
+    """
+
+    url = ""  # the server's, set by the test (hypothesis builds the instances)
+    LIMIT = 2
+    KEYS = tuple(f"model:{{pool}}:{part}" for part in ("h", "q", "w", "t", "f", "g"))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = redis.Redis.from_url(PoolModel.url)
+        self.client.delete(*self.KEYS)
+        self.acquire = self.client.register_script(scripts.POOL_ACQUIRE)
+        self.leave = self.client.register_script(scripts.POOL_LEAVE)
+        self.queue: dict[str, int] = {}  # live or not-yet-purged waiter -> ticket
+        self.holders: set[str] = set()
+        self.dead: set[str] = set()  # expired, purged by the next script call
+        self.tickets = 0
+        self.ids = 0
+
+    def purge(self) -> None:
+        for member in self.dead:
+            self.queue.pop(member, None)
+            self.holders.discard(member)
+        self.dead.clear()
+
+    def attempt(self, member: str) -> None:
+        self.purge()
+        if member not in self.queue:
+            self.tickets += 1
+            self.queue[member] = self.tickets
+        ticket = self.queue[member]
+        rank = sorted(self.queue.values()).index(ticket)
+        granted = rank < self.LIMIT - len(self.holders)
+        tag, _, reply_ticket = self.acquire(
+            self.KEYS, [member, self.LIMIT, 60_000, 60_000, 60_000, "model:events"]
+        )
+        assert (tag, reply_ticket) == (scripts.GRANTED if granted else scripts.WAITING, ticket)
+        if granted:
+            del self.queue[member]
+            self.holders.add(member)
+
+    @rule()
+    def arrive(self) -> None:
+        self.ids += 1
+        self.attempt(f"m{self.ids}")
+
+    @precondition(lambda self: bool(set(self.queue) - self.dead))
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        self.attempt(data.draw(st.sampled_from(sorted(set(self.queue) - self.dead))))
+
+    @precondition(lambda self: bool((self.holders | set(self.queue)) - self.dead))
+    @rule(data=st.data())
+    def leave_(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted((self.holders | set(self.queue)) - self.dead)))
+        self.purge()
+        held = member in self.holders
+        assert self.leave(self.KEYS, [member, self.LIMIT, "model:events"]) == int(held)
+        self.holders.discard(member)
+        self.queue.pop(member, None)
+
+    @precondition(lambda self: bool(self.holders - self.dead))
+    @rule(data=st.data())
+    def holder_dies(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted(self.holders - self.dead)))
+        self.client.zadd(self.KEYS[0], {member: 0}, xx=True)
+        self.dead.add(member)
+
+    @precondition(lambda self: bool(set(self.queue) - self.dead))
+    @rule(data=st.data())
+    def waiter_dies(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted(set(self.queue) - self.dead)))
+        self.client.zadd(self.KEYS[2], {member: 0}, xx=True)
+        self.dead.add(member)
+
+    @invariant()
+    def server_matches_model(self) -> None:
+        client: Any = self.client
+        holders = {m.decode() for m in client.zrange(self.KEYS[0], 0, -1)}
+        queued = client.zrange(self.KEYS[1], 0, -1, withscores=True)
+        assert holders == self.holders
+        assert {m.decode(): int(t) for m, t in queued} == self.queue
+        assert len(self.holders - self.dead) <= self.LIMIT
+
+    def teardown(self) -> None:
+        self.client.close()
+
+
+def test_pool_scripts_follow_the_model(redis_server: ThrowawayServer) -> None:
+    PoolModel.url = redis_server.url
+    run_state_machine_as_test(
+        PoolModel, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+    )
