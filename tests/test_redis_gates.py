@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -213,3 +214,15 @@ async def test_malformed_state_and_messages_are_ignored(
         while b.gates.resyncs == resyncs:  # noqa: ASYNC110
             await anyio.sleep(0.01)
         assert not b.coordinator.is_tuple_open(SLOW)
+
+
+@pytest.mark.asyncio
+async def test_entering_twice_is_refused(replicas: list[Replica]) -> None:
+    with anyio.fail_after(5), pytest.raises(RuntimeError, match="already entered"):
+        await replicas[0].gates.__aenter__()
+
+
+@pytest.mark.parametrize("interval", [0, -1, math.inf, math.nan])
+def test_bad_resync_interval(interval: float) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^resync_interval must be a positive number"):
+        RedisGates(object(), create_agent_coordinator(), resync_interval=interval)

@@ -108,6 +108,8 @@ class RedisGates:
         self.resyncs = 0  # completed resyncs, for tests and monitoring
 
     async def __aenter__(self) -> RedisGates:
+        if self._stack is not None:
+            raise RuntimeError("this RedisGates is already entered")
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self._subscriber.active())
             await self._resync()
