@@ -60,13 +60,12 @@ class Renewer:
         self._renew = renew
         self._name = name
         self._deadline = local_deadline(sent_at, ttl)
-        # Stopped through an anyio scope, never Task.cancel(): the anyio scopes inside
-        # would otherwise be free to absorb a native cancellation.
-        self._scope = anyio.CancelScope()
-        self._task: asyncio.Task[None] | None = None
         # No task until the first renewal is due: most grants are released before that,
         # and then holding one costs a timer, not a task. (asyncio's loop clock is the
-        # anyio clock.)
+        # anyio clock.) The task is stopped through its anyio scope, never Task.cancel():
+        # the anyio scopes inside could otherwise absorb a native cancellation.
+        self._task: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
         first_attempt = sent_at + ttl / 3
         self._timer = asyncio.get_running_loop().call_at(first_attempt, self._start, first_attempt)
 
@@ -76,8 +75,8 @@ class Renewer:
     async def stop(self) -> None:
         """Stop renewing (idempotent). The grant then lapses unless released."""
         self._timer.cancel()
-        self._scope.cancel()
         if self._task is not None:
+            self._scope.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([self._task])
 
