@@ -126,13 +126,16 @@ async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
 
 async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
     client = redis.asyncio.Redis.from_url(server.url)
+    info = await client.info("server")
+    name = info.get("server_name", "redis")
+    version = info.get(f"{name}_version", info["redis_version"])
     ours, theirs = await _uncontended(client, 300 if quick else 3000)
     await client.aclose()
     mine, redis_py = await _contended(server.url, 20 if quick else 100)
     per_second = await _pool_throughput(server.url, 16, 20 if quick else 100)
     ms = 1000.0
     return [
-        Figure("uncontended acquire+release", ours * 1e6, "us"),
+        Figure("uncontended acquire+release", ours * 1e6, "us", note=f"{name} {version}"),
         Figure("  redis-py Lock acquire+release", theirs * 1e6, "us"),
         Figure("  ratio to redis-py Lock", ours / theirs, "x", target=1.5),
         Figure("hand-off latency p50", _percentile(mine, 0.5) * ms, "ms", target=2.0),
