@@ -70,6 +70,9 @@ DONE: Final = 4
 # majority; below that, dead entries are cheaper to pop as they surface.
 _COMPACT_MIN: Final = 64
 
+# How many idle tuples stay cached for reuse (see ``Scheduler._forget_if_idle``).
+_IDLE_KEPT: Final = 64
+
 
 class Wakeable(Protocol):
     """What the scheduler needs of a parked task (``_waiter.Parker`` fits)."""
@@ -193,7 +196,8 @@ class Scheduler:
           tuple count exists.
         * Work-conserving: after every call, if ``active < limit`` then no queued ticket
           may run now (no live bypass entry, no runnable tuple with a live head).
-        * ``_tuples`` holds no idle tuple, so memory follows the tuples in use.
+        * Every idle tuple in ``_tuples`` is also in ``_idle``, which holds at most
+          ``_IDLE_KEPT`` entries, so memory follows the tuples in use.
         * ``_counter`` is at least every acceptance order seen.
     """
 
@@ -201,6 +205,7 @@ class Scheduler:
         "_bypass",
         "_bypass_dead",
         "_counter",
+        "_idle",
         "_ready",
         "_seq",
         "_tuples",
@@ -218,6 +223,7 @@ class Scheduler:
         self._counter = 0
         self._seq = 0
         self._tuples: dict[ModelTuple, TupleState] = {}
+        self._idle: dict[ModelTuple, TupleState] = {}  # recently idle, oldest first
         self._ready: list[_ReadyEntry] = []
         self._bypass: list[_Entry] = []
         self._bypass_dead = 0
@@ -240,11 +246,12 @@ class Scheduler:
 
     def tuple_state(self, model_tuple: ModelTuple) -> TupleState | None:
         """The tuple's bookkeeping, or None when it is idle (open, uncapped, unused)."""
-        return self._tuples.get(model_tuple)
+        state = self._tuples.get(model_tuple)
+        return None if state is None or state.idle else state
 
     def tuple_states(self) -> Iterator[TupleState]:
         """Every non-idle tuple, in no particular order."""
-        return iter(self._tuples.values())
+        return (state for state in self._tuples.values() if not state.idle)
 
     def is_open(self, model_tuple: ModelTuple) -> bool:
         state = self._tuples.get(model_tuple)
@@ -257,38 +264,46 @@ class Scheduler:
         return state
 
     def _forget_if_idle(self, state: TupleState) -> None:
-        if state.idle and self._tuples.get(state.tuple) is state:
-            del self._tuples[state.tuple]
-            state.entry = None  # any ready entry of it is now stale
+        """Let an idle tuple go, keeping the most recent few for reuse.
+
+        A tuple that goes idle is usually used again at once (acquire, release, acquire…),
+        so the last ``_IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
+        so memory follows the tuples in use. O(1).
+        """
+        if not state.idle:
+            return
+        idle = self._idle
+        idle[state.tuple] = state
+        if len(idle) > _IDLE_KEPT:
+            model_tuple = next(iter(idle))
+            oldest = idle.pop(model_tuple)
+            if oldest.idle and self._tuples.get(model_tuple) is oldest:
+                del self._tuples[model_tuple]
+                oldest.entry = None  # any ready entry of it is now stale
 
     # -- enqueue, activate, withdraw -------------------------------------------------------
 
-    def refuse_if_closed(self, model_tuple: ModelTuple, reject: bool) -> None:
-        """Raise what :meth:`enqueue` would for a ``reject`` request on a closed tuple.
-
-        Raises:
-            TupleSuspendedError: ``reject`` is set and the tuple's gate is closed.
-        """
-        if reject:
-            state = self._tuples.get(model_tuple)
-            if state is not None and not state.open:
-                raise TupleSuspendedError(SUSPENDED_MESSAGE)
-
-    def enqueue(self, model_tuple: ModelTuple, order: int, *, active: bool, reject: bool) -> Ticket:
+    def enqueue(
+        self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
+    ) -> Ticket:
         """Take a place in line; with ``active`` it is eligible (and may be granted at once).
 
-        Arguments must already be valid. The counter is raised to ``order``.
+        Arguments must already be valid. ``order`` None draws a fresh acceptance order
+        (only once the request is admitted); an explicit one raises the counter.
 
         Raises:
             TupleSuspendedError: ``reject`` is set and the tuple's gate is closed (nothing
-                changed).
+                changed, no order drawn).
         """
         state = self._tuples.get(model_tuple)
-        if reject and state is not None and not state.open:
-            raise TupleSuspendedError(SUSPENDED_MESSAGE)
         if state is None:
             state = self._tuples[model_tuple] = TupleState(model_tuple)
-        if order > self._counter:
+        elif reject and not state.open:
+            raise TupleSuspendedError(SUSPENDED_MESSAGE)
+        if order is None:
+            self._counter += 1
+            order = self._counter
+        elif order > self._counter:
             self._counter = order
         self._seq += 1
         ticket = Ticket(order, self._seq, state, reject)
@@ -299,7 +314,19 @@ class Scheduler:
                 state.foreground = {}
             state.foreground[ticket] = None
         if active:
-            self._make_eligible(ticket)
+            if (
+                self.active < self.limit
+                and not self._ready
+                and not self._bypass
+                and state.open
+                and (state.limit is None or state.active < state.limit)
+            ):
+                # Fast path: with both heaps empty nobody else may run (invariant), so
+                # this ticket is the best one and never needs a heap entry.
+                ticket.state = QUEUED
+                self._grant(ticket)
+            else:
+                self._make_eligible(ticket)
         return ticket
 
     def activate(self, ticket: Ticket) -> None:
@@ -312,7 +339,14 @@ class Scheduler:
         state = ticket.tuple_state
         entry = (ticket.order, ticket.seq, ticket)
         heapq.heappush(state.heap, entry)
-        if state.runnable and self.active < self.limit and not self._bypass and not self._ready:
+        if self.active >= self.limit:
+            # No capacity: nothing can be granted; only the ready entry may need a better
+            # key (the common case, a ticket behind the head, needs nothing at all).
+            current = state.entry
+            if current is None or entry < current:  # type: ignore[operator]
+                self._offer(state)
+            return
+        if state.runnable and not self._bypass and not self._ready:
             # Fast path: nobody else could run, so this ticket is the best one.
             self._grant_from(state)
             return
@@ -348,6 +382,7 @@ class Scheduler:
         ticket.state = LENT
         ticket.bypass = False
         ticket.parker = None
+        self._forget_if_idle(ticket.tuple_state)
 
     # -- leaving ---------------------------------------------------------------------------
 
@@ -357,30 +392,27 @@ class Scheduler:
         A failed reacquire also ends the lend (``lent`` drops). No grant can follow from
         this: removing a waiter frees no capacity.
         """
-        assert ticket.state in (INACTIVE, QUEUED)
-        if ticket.bypass:
-            self.lent -= 1
-            ticket.bypass = False
-        self._unqueue(ticket)
-        ticket.state = DONE
-        parker = ticket.parker
+        parker = self.discard(ticket)
         if parker is not None:
-            ticket.parker = None
             parker.fail(error)
         else:
             ticket.error = error
-        self._forget_if_idle(ticket.tuple_state)
 
-    def discard(self, ticket: Ticket) -> None:
-        """Remove a queued ticket whose waiter already left (cancelled while queued)."""
+    def discard(self, ticket: Ticket) -> Wakeable | None:
+        """Remove a queued ticket without waking anyone (its waiter was cancelled).
+
+        Returns:
+            The parker that was attached, now detached (for :meth:`fail` to wake).
+        """
         assert ticket.state in (INACTIVE, QUEUED)
+        self._unqueue(ticket)
         if ticket.bypass:
             self.lent -= 1
             ticket.bypass = False
-        self._unqueue(ticket)
         ticket.state = DONE
-        ticket.parker = None
+        parker, ticket.parker = ticket.parker, None
         self._forget_if_idle(ticket.tuple_state)
+        return parker
 
     def release(self, ticket: Ticket) -> None:
         """End a GRANTED or LENT ticket. A granted slot goes to the next waiter at once."""
@@ -402,10 +434,12 @@ class Scheduler:
     def _return_slot(self, state: TupleState) -> None:
         self.active -= 1
         state.active -= 1
-        if state.limit is not None and state.active == state.limit - 1:
-            self._offer(state)  # it just dropped below its cap
-        self._drain()
-        self._forget_if_idle(state)
+        if self.queued:  # else nobody could take the slot
+            if state.limit is not None and state.active == state.limit - 1:
+                self._offer(state)  # it just dropped below its cap
+            self._drain()
+        if not state.active and not state.queued:
+            self._forget_if_idle(state)
 
     def _unqueue(self, ticket: Ticket) -> None:
         state = ticket.tuple_state
@@ -525,16 +559,21 @@ class Scheduler:
             if bypass and (not ready or _before(bypass[0], ready[0])):
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
-                self._grant_from(ready[0][2])
+                self._grant_from(ready[0][2], cleaned=True)
             else:
                 return
 
-    def _grant_from(self, state: TupleState) -> None:
-        """Grant the best ticket of ``state``'s heap and re-key the tuple in ``_ready``."""
-        state.head()  # drop dead entries from the top
+    def _grant_from(self, state: TupleState, cleaned: bool = False) -> None:
+        """Grant the best ticket of ``state``'s heap and re-key the tuple in ``_ready``.
+
+        ``cleaned``: the caller just checked that the heap's top entry is live.
+        """
+        if not cleaned:
+            state.head()  # drop dead entries from the top
         ticket = heapq.heappop(state.heap)[2]
         self._grant(ticket)
-        head = state.head() if state.runnable else None
+        limit = state.limit
+        head = state.head() if state.open and (limit is None or state.active < limit) else None
         entry = state.entry
         if head is None:
             if entry is not None and self._ready and self._ready[0] is entry:
@@ -577,7 +616,7 @@ class Scheduler:
         assert self._counter >= 0
         for model_tuple, state in self._tuples.items():
             assert state.tuple == model_tuple
-            assert not state.idle, f"idle tuple kept: {model_tuple}"
+            assert not state.idle or model_tuple in self._idle, f"idle tuple kept: {model_tuple}"
             assert state.active >= 0
             assert state.queued >= 0
             live = [e for e in state.heap if _live(e)]
@@ -594,6 +633,7 @@ class Scheduler:
                 assert state.entry is not None
                 assert state.entry[:2] <= best
                 assert any(e is state.entry for e in self._ready)
+        assert len(self._idle) <= _IDLE_KEPT
         bypass_live = [e for e in self._bypass if _live(e)]
         assert len(self._bypass) - len(bypass_live) == self._bypass_dead
         assert all(e[2].bypass for e in bypass_live)

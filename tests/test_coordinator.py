@@ -40,6 +40,8 @@ from lovely_coordinator._coordinator import (
 )
 
 pytestmark = pytest.mark.anyio
+# asyncio-only behaviour (native task.cancel()); the module is marked for anyio.
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 T = ModelTuple("openai", "gpt")
 U = ("anthropic", "claude")  # a plain pair works wherever a tuple does
@@ -318,7 +320,7 @@ async def test_cancel_right_after_the_grant_never_leaks() -> None:
         assert_idle(coord)
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 async def test_native_cancel_after_uncontended_grant_returns_the_slot() -> None:
     """asyncio can cancel a task after its grant, at acquire's final checkpoint."""
     async with asyncio.timeout(5):
@@ -333,7 +335,7 @@ async def test_native_cancel_after_uncontended_grant_returns_the_slot() -> None:
         assert coord.next_acceptance_order() == 2  # it had enqueued, so it took order 1
 
 
-@pytest.mark.asyncio
+@ASYNCIO_ONLY
 async def test_native_cancel_after_contended_grant_hands_the_slot_on() -> None:
     async with asyncio.timeout(5):
         coord = create_agent_coordinator(1)
@@ -605,6 +607,15 @@ async def test_close_tuple_reopens_after_short_real_delay() -> None:
         assert_idle(coord)
 
 
+def test_close_tuple_with_delay_needs_an_event_loop() -> None:
+    coord = create_agent_coordinator()
+    with pytest.raises(InvalidArgumentError, match=r"^reopen_after needs a running event loop$"):
+        coord.close_tuple(T, reopen_after=1)
+    assert coord.is_tuple_open(T)
+    coord.close_tuple(T)  # without a delay, no loop is needed
+    assert not coord.is_tuple_open(T)
+
+
 @pytest.mark.parametrize("bad", [-1, math.inf, math.nan, True, "1"])
 async def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
     coord = create_agent_coordinator()
@@ -705,6 +716,47 @@ async def test_overlapping_lends_share_one_slot_and_last_reacquires() -> None:
                 release_second.set()
             assert permit.held
             assert coord.active_count == 1
+        assert_idle(coord)
+
+
+async def test_lend_starting_during_a_queued_reacquire_takes_over() -> None:
+    """Only the last lend reacquires: a queued reacquire is withdrawn when a lend joins."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        permit = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            other = Holder(coord, "other", log)
+            first_returned = anyio.Event()
+            second_may_end = anyio.Event()
+
+            async def first() -> None:
+                await permit.lend(lambda: spawn(tg, other, granted=True))
+                first_returned.set()
+
+            tg.start_soon(first)
+            await wait_all_tasks_blocked()
+            assert (permit.state, coord.queued_count) == ("lent", 1)  # first reacquires
+            tg.start_soon(permit.lend, second_may_end.wait)
+            await first_returned.wait()  # withdrawn: it returns without the slot
+            assert (permit.state, coord.queued_count, coord.statistics().lent) == ("lent", 0, 1)
+            other.done.set()
+            await wait_all_tasks_blocked()
+            assert coord.active_count == 0  # the lent slot is free; nobody reacquires yet
+            second_may_end.set()
+        assert permit.held  # the last lend took it back
+        permit.release()
+        assert_idle(coord)
+
+
+async def test_permit_context_manager_is_single_use() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        cm = coord.permit(T)
+        async with cm:
+            pass
+        with pytest.raises(CoordinatorError, match="can be entered only once"):
+            await cm.__aenter__()
         assert_idle(coord)
 
 
@@ -1082,3 +1134,118 @@ async def test_resident_count_is_published() -> None:
     assert coord.statistics().residents == 1
     unbind()
     assert coord.resident_count == 0
+
+
+# -- cancellation injected everywhere -----------------------------------------------------------
+
+
+async def _checkpoints(n: int = 2) -> None:
+    for _ in range(n):
+        await anyio.lowlevel.checkpoint()
+
+
+async def _op_acquire(coord: AgentCoordinator) -> None:
+    permit = await coord.acquire(T)
+    try:
+        await _checkpoints()
+    finally:
+        permit.release()
+
+
+async def _op_permit(coord: AgentCoordinator) -> None:
+    async with coord.permit(T):
+        await _checkpoints()
+
+
+async def _op_run(coord: AgentCoordinator) -> None:
+    await coord.run(T, _checkpoints)
+
+
+async def _op_lend(coord: AgentCoordinator) -> None:
+    async def work() -> None:
+        await coord.with_lent_permit(lambda: _checkpoints(3))
+        await _checkpoints()
+
+    await coord.run(T, work)
+
+
+async def _op_overlapping_lends(coord: AgentCoordinator) -> None:
+    async def work() -> None:
+        async with anyio.create_task_group() as tg:
+            for n in (1, 3):
+                tg.start_soon(coord.with_lent_permit, lambda n=n: _checkpoints(n))
+        async with coord.lending():
+            await _checkpoints()
+
+    await coord.run(T, work)
+
+
+async def _op_reservation(coord: AgentCoordinator) -> None:
+    reservation = coord.reserve(T)
+    try:
+        await reservation.run(_checkpoints)
+    finally:
+        reservation.cancel()  # a no-op unless it never ran
+
+
+OPS: dict[str, Callable[[AgentCoordinator], Awaitable[None]]] = {
+    "acquire": _op_acquire,
+    "permit": _op_permit,
+    "run": _op_run,
+    "lend": _op_lend,
+    "overlapping-lends": _op_overlapping_lends,
+    "reservation": _op_reservation,
+}
+
+
+async def _short_worker(coord: AgentCoordinator) -> None:
+    async with coord.permit(T):
+        await _checkpoints()
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("cancel_after", range(9))
+async def test_cancellation_at_any_point_never_leaks(op: str, cancel_after: int) -> None:
+    """Cancel the operation after ``cancel_after`` scheduling steps, wherever it is."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        blocker = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def target() -> None:
+                with scope:
+                    await OPS[op](coord)
+
+            tg.start_soon(target)
+            tg.start_soon(_short_worker, coord)
+            for step in range(cancel_after):
+                await anyio.lowlevel.checkpoint()
+                if step == 1:
+                    blocker.release()
+            scope.cancel()
+            blocker.release()
+        coord._scheduler.check_invariants()
+        assert_idle(coord)
+
+
+@ASYNCIO_ONLY
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("cancel_after", range(12))
+async def test_native_cancellation_at_any_point_never_leaks(op: str, cancel_after: int) -> None:
+    """asyncio's task.cancel() also lands between a grant and the waiter's resumption."""
+    async with asyncio.timeout(5):
+        coord = create_agent_coordinator(1)
+        blocker = await coord.acquire(T)
+        target = asyncio.ensure_future(OPS[op](coord))
+        worker = asyncio.ensure_future(_short_worker(coord))
+        for step in range(cancel_after):
+            await asyncio.sleep(0)
+            if step == 1:
+                blocker.release()
+        target.cancel()
+        blocker.release()
+        await asyncio.gather(target, worker, return_exceptions=True)
+        assert worker.exception() is None
+        coord._scheduler.check_invariants()
+        assert_idle(coord)

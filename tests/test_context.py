@@ -1,0 +1,58 @@
+"""_context: the current permit, innermost first, and each coordinator's own permit."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import anyio
+import pytest
+
+from lovely_coordinator._context import current_permit, enter_permit, exit_permit, find_permit
+from lovely_coordinator._coordinator import AgentPermit
+
+
+def fake() -> AgentPermit:
+    # The context only stores and returns permits; any object stands in for one here.
+    return cast(AgentPermit, object())
+
+
+def test_nothing_is_current_outside_a_permit() -> None:
+    assert current_permit() is None
+    assert find_permit(object()) is None
+
+
+def test_frames_nest_and_restore() -> None:
+    agents, bash = object(), object()
+    agent_permit, bash_permit = fake(), fake()
+    outer = enter_permit(agent_permit, agents)
+    inner = enter_permit(bash_permit, bash)
+    assert current_permit() is bash_permit
+    assert find_permit(agents) is agent_permit  # a coordinator finds the permit it issued
+    assert find_permit(bash) is bash_permit
+    exit_permit(inner)
+    assert current_permit() is agent_permit
+    assert find_permit(bash) is None
+    exit_permit(outer)
+    assert current_permit() is None
+
+
+@pytest.mark.anyio
+async def test_tasks_started_inside_inherit_the_permit() -> None:
+    with anyio.fail_after(5):
+        owner = object()
+        parent = fake()
+        seen: list[object] = []
+
+        async def child() -> None:
+            seen.append(current_permit())
+            token = enter_permit(fake(), owner)  # the child's own: never seen by the parent
+            exit_permit(token)
+
+        token = enter_permit(parent, owner)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+        finally:
+            exit_permit(token)
+        assert seen == [parent]
+        assert current_permit() is None
