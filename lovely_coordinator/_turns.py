@@ -33,12 +33,23 @@ from ._turns_errors import (
 )
 from ._turns_state import Multitask, TurnTable, check_multitask
 
-__all__ = ["DEFAULT_MAX_QUEUED", "Job", "Lease", "LeaseSignal", "Locker", "TurnRegistry"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "RELEASE_TIMEOUT",
+    "Job",
+    "Lease",
+    "LeaseSignal",
+    "Locker",
+    "TurnRegistry",
+]
 
 T = TypeVar("T")
 
 DEFAULT_MAX_QUEUED: Final = 10
 """How many turns may wait behind the running one in a conversation, by default."""
+
+RELEASE_TIMEOUT: Final = 30.0
+"""Seconds a lease's release may take before it is abandoned (and left to lapse)."""
 
 _log = logging.getLogger("lovely_coordinator.turns")
 
@@ -96,8 +107,9 @@ class Job:
     Args:
         run: the turn; called with the lease's fencing token (0 without a locker).
         on_dequeue: called (sync) when a job that had to wait reaches the head of its
-            queue, just before its lease is acquired. Never called for a job that started
-            at once, nor for a dropped one.
+            queue, just before its lease is acquired (or it runs, without a locker).
+            Never called for a job that started at once, for a dropped one, nor for one
+            refused without a lease attempt because the registry drains.
         on_refused: called (sync) with the error when the turn is refused: the lease could
             not be had (:class:`CoordinationUnavailableError`) or the registry was draining
             (:class:`DrainingError`).
@@ -212,13 +224,14 @@ def _check_conversation_id(conversation_id: object) -> str:
     return conversation_id
 
 
-class _NotEnteredError(CoordinatorError, RuntimeError):
-    """A turn was submitted to a registry that was never entered."""
+class _MisuseError(CoordinatorError, RuntimeError):
+    """The registry was used outside its ``async with`` lifecycle (a programming error)."""
 
 
 _UNENTERED: Final = 0
 _OPEN: Final = 1
-_CLOSED: Final = 2
+_CANCELLING: Final = 2  # leaving the block by an exception: the runners are cancelled
+_CLOSED: Final = 3
 
 
 @final
@@ -240,6 +253,9 @@ class TurnRegistry:
 
     Raises:
         InvalidArgumentError: ``max_queued`` is not a nonnegative integer.
+
+    Like every anyio primitive it belongs to one event loop: call it from that loop's
+    thread only.
     """
 
     def __init__(self, locker: Locker | None = None, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
@@ -267,7 +283,7 @@ class TurnRegistry:
 
     async def __aenter__(self) -> TurnRegistry:
         if self._lifecycle != _UNENTERED:
-            raise _NotEnteredError("a TurnRegistry can be entered only once")
+            raise _MisuseError("a TurnRegistry can be entered only once")
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -291,6 +307,7 @@ class TurnRegistry:
                 failed_wait = error
         leaving_by = exc if exc is not None else failed_wait
         if leaving_by is not None:
+            self._lifecycle = _CANCELLING
             task_group.cancel_scope.cancel()
         # The runners never raise (a turn's failure is recorded on its job), so the task
         # group only needs to see a cancellation, which may be its own; any other
@@ -337,9 +354,7 @@ class TurnRegistry:
             raise InvalidArgumentError("a Job can be submitted only once")
         mode = check_multitask(multitask)
         if self._lifecycle == _UNENTERED:
-            raise _NotEnteredError(
-                "enter the TurnRegistry with 'async with' before submitting turns"
-            )
+            raise _MisuseError("enter the TurnRegistry with 'async with' before submitting turns")
         admission = self._table.admit(conversation_id, job, mode)
         for dropped in admission.dropped:
             dropped._dropped = True
@@ -387,8 +402,14 @@ class TurnRegistry:
         return cast(T, job._result)
 
     def waiting(self, conversation_id: str) -> int:
-        """How many turns wait (not running) in the conversation; 0 when idle or unknown."""
-        return self._table.waiting(conversation_id)
+        """How many turns wait (not running) in the conversation; 0 when idle or unknown.
+
+        Dropped jobs not yet reached count: they hold their place until then.
+
+        Raises:
+            InvalidArgumentError: ``conversation_id`` is not a nonempty string.
+        """
+        return self._table.waiting(_check_conversation_id(conversation_id))
 
     def drain(self) -> None:
         """Refuse new turns with :class:`DrainingError`; idempotent.
@@ -432,9 +453,8 @@ class TurnRegistry:
 
     async def _runner(self, conversation_id: str, job: Job) -> None:
         waited = False
-        while True:
-            # A registry being torn down must not start another turn's code.
-            await anyio.lowlevel.checkpoint_if_cancelled()
+        # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
+        while self._lifecycle == _OPEN:
             await self._take_turn(conversation_id, job, waited)
             next_job = self._advance(conversation_id, job)
             if next_job is None:
@@ -460,6 +480,10 @@ class TurnRegistry:
 
     async def _take_turn(self, conversation_id: str, job: Job, waited: bool) -> None:
         """Take the job's turn, recording its outcome on it (the caller finishes it)."""
+        if self._locker is not None and self._table.draining and job._stop is None:
+            # No lease will be acquired, so there is no dequeue to announce.
+            _refuse(job, DrainingError())
+            return
         if waited:
             _call_back(job.on_dequeue)
         if job._stop is not None:  # interrupted before its turn began
@@ -476,7 +500,7 @@ class TurnRegistry:
             job._error = job._stop
 
     async def _take_leased_turn(self, conversation_id: str, job: Job, locker: Locker) -> None:
-        if self._table.draining:
+        if self._table.draining:  # drain() was called by on_dequeue
             _refuse(job, DrainingError())
             return
         lease: Lease | None = None
@@ -512,11 +536,20 @@ class TurnRegistry:
                 await self._call(conversation_id, job, lease.fence)
                 task_group.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
+            # Shielded, so a cancelled turn still gives its lease back; bounded, so a
+            # locker that hangs cannot wedge the conversation (an unreleased lease lapses
+            # by itself).
+            with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as bound:
                 try:
                     await lease.release()
                 except Exception:
                     _log.exception("releasing the lease of conversation %r failed", conversation_id)
+            if bound.cancelled_caught:
+                _log.warning(
+                    "releasing the lease of conversation %r took over %s s; abandoned",
+                    conversation_id,
+                    RELEASE_TIMEOUT,
+                )
 
     @staticmethod
     async def _call(conversation_id: str, job: Job, fence: int) -> None:

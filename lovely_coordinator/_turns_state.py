@@ -59,13 +59,18 @@ class Admission(Generic[T]):
     dropped: tuple[T, ...] = ()
 
 
+_NOTHING_PENDING: Final[tuple[()]] = ()
+
+
 @final
 class _Conversation(Generic[T]):
     __slots__ = ("current", "pending")
 
     def __init__(self, current: T) -> None:
         self.current = current
-        self.pending: deque[T] = deque()
+        # Most conversations never queue a turn, and an empty deque costs ~600 bytes:
+        # it is made on the first wait.
+        self.pending: deque[T] | tuple[()] = _NOTHING_PENDING
 
 
 def check_max_queued(value: object) -> int:
@@ -93,7 +98,8 @@ class TurnTable(Generic[T]):
 
     Invariants (checked by :meth:`check_invariants`):
         * a conversation is stored iff it is busy, i.e. it has a current item;
-        * ``len(pending) <= max_queued`` for every stored conversation;
+        * ``len(pending) <= max_queued`` for every stored conversation, and ``pending`` is
+          either the shared empty tuple or a nonempty deque;
         * no item appears twice anywhere in the table;
         * once ``draining`` is set it stays set, and :meth:`admit` admits nothing.
     """
@@ -155,11 +161,12 @@ class TurnTable(Generic[T]):
         if already_waiting >= self.max_queued:
             raise QueueFullError
         # From here on nothing can fail: the state changes completely.
-        dropped: tuple[T, ...] = ()
-        if replacing:
-            dropped = tuple(conversation.pending)
-            conversation.pending.clear()
-        conversation.pending.append(item)
+        dropped: tuple[T, ...] = tuple(conversation.pending) if replacing else ()
+        if replacing or not conversation.pending:
+            conversation.pending = deque((item,))
+        else:
+            assert isinstance(conversation.pending, deque)
+            conversation.pending.append(item)
         interrupted = conversation.current if multitask == "interrupt" else None
         return Admission(len(conversation.pending), interrupted, dropped)
 
@@ -171,13 +178,17 @@ class TurnTable(Generic[T]):
         """
         conversation = self._conversations[conversation_id]
         assert conversation.current is finished, "only the current item's turn can end"
-        if not conversation.pending:
+        pending = conversation.pending
+        if not pending:
             del self._conversations[conversation_id]
             if not self._conversations:
                 # A dict never shrinks; a fresh one gives a burst's capacity back.
                 self._conversations = {}
             return None
-        conversation.current = conversation.pending.popleft()
+        assert isinstance(pending, deque)
+        conversation.current = pending.popleft()
+        if not pending:
+            conversation.pending = _NOTHING_PENDING
         return conversation.current
 
     def forget(self, conversation_id: str) -> tuple[T, ...]:
@@ -192,6 +203,9 @@ class TurnTable(Generic[T]):
         seen: set[int] = set()
         for conversation in self._conversations.values():
             assert len(conversation.pending) <= self.max_queued
+            assert conversation.pending is _NOTHING_PENDING or (
+                isinstance(conversation.pending, deque) and conversation.pending
+            )
             for item in (conversation.current, *conversation.pending):
                 assert id(item) not in seen, "an item is in the table twice"
                 seen.add(id(item))

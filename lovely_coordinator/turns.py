@@ -17,7 +17,6 @@ Double texting follows LangGraph: ``multitask="enqueue"`` (default), ``"reject"`
 from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
 from ._turns import Job as Job
 from ._turns import Lease as Lease
-from ._turns import LeaseSignal as LeaseSignal
 from ._turns import Locker as Locker
 from ._turns import TurnRegistry as TurnRegistry
 from ._turns_errors import ConversationBusyError as ConversationBusyError
@@ -27,7 +26,6 @@ from ._turns_errors import LeaseLostError as LeaseLostError
 from ._turns_errors import QueueFullError as QueueFullError
 from ._turns_errors import TurnDropped as TurnDropped
 from ._turns_errors import TurnInterrupted as TurnInterrupted
-from ._turns_state import Multitask as Multitask
 
 __all__ = [
     "ConversationBusyError",
@@ -37,9 +35,7 @@ __all__ = [
     "Job",
     "Lease",
     "LeaseLostError",
-    "LeaseSignal",
     "Locker",
-    "Multitask",
     "QueueFullError",
     "TurnDropped",
     "TurnInterrupted",

@@ -13,8 +13,11 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from trio.testing import MockClock
 
+import lovely_coordinator._turns as turns_impl
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
+from lovely_coordinator._turns import RELEASE_TIMEOUT
+from lovely_coordinator._turns_state import Multitask
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,
@@ -23,7 +26,6 @@ from lovely_coordinator.turns import (
     Job,
     Lease,
     LeaseLostError,
-    Multitask,
     QueueFullError,
     TurnDropped,
     TurnInterrupted,
@@ -162,9 +164,7 @@ def test_public_names() -> None:
         "Job",
         "Lease",
         "LeaseLostError",
-        "LeaseSignal",
         "Locker",
-        "Multitask",
         "QueueFullError",
         "TurnDropped",
         "TurnInterrupted",
@@ -382,6 +382,8 @@ async def test_bad_arguments_change_nothing() -> None:
                 turns.submit("", job)
             with pytest.raises(InvalidArgumentTypeError, match=r"^conversation_id must be a"):
                 turns.submit(7, job)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentTypeError, match=r"^conversation_id must be a"):
+                turns.waiting(["conv"])  # type: ignore[arg-type]
             with pytest.raises(InvalidArgumentTypeError, match=r"^job must be a Job$"):
                 turns.submit("conv", rec.turn("c"))  # type: ignore[arg-type]
             with pytest.raises(InvalidArgumentError, match=r"^a Job can be submitted only once$"):
@@ -523,11 +525,16 @@ async def test_drain_without_locker_refuses_new_turns_and_runs_queued_ones() -> 
             turns.drain()
             turns.drain()  # idempotent
             assert turns.draining
+            refused = Job(rec.turn("x"))
             for mode in ("enqueue", "reject", "interrupt", "replace_queued"):
                 with pytest.raises(
                     DrainingError, match=r"^this server is shutting down; retry the turn$"
                 ):
-                    turns.submit("other", Job(rec.turn("x")), mode)
+                    turns.submit("other", refused, mode)
+                with pytest.raises(DrainingError):
+                    turns.submit("conv", refused, mode)
+            assert (refused.done, refused.dropped, refused.error) == (False, False, None)
+            assert turns.waiting("conv") == 1
             with pytest.raises(DrainingError):
                 await turns.run("conv", rec.turn("y"))
             gate.set()
@@ -891,6 +898,22 @@ async def test_a_failing_locker_refuses_the_turn_and_never_reports_success(
         assert any("could not lock" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_failing_on_refused_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with anyio.fail_after(5):
+
+        def broken(error: BaseException) -> None:
+            raise RuntimeError("callback bug")
+
+        async with TurnRegistry(locker=FailingLocker()) as turns:
+            job = Job(forever, on_refused=broken)
+            turns.submit("conv", job)
+            await job.wait()
+            assert isinstance(job.error, CoordinationUnavailableError)
+        (record,) = [r for r in caplog.records if "callback" in r.getMessage()]
+        assert record.exc_info is not None
+        assert str(record.exc_info[1]) == "callback bug"
+
+
 async def test_drain_cancels_lease_waits_and_refuses_queued_turns() -> None:
     with anyio.fail_after(5):
         rec = Recorder()
@@ -917,7 +940,8 @@ async def test_drain_cancels_lease_waits_and_refuses_queued_turns() -> None:
         assert isinstance(first.error, DrainingError)
         assert isinstance(second.error, DrainingError)
         assert outcome == [DrainingError]
-        assert rec.log == ["refused a DrainingError", "dequeue b", "refused b DrainingError"]
+        # No lease is acquired for b, so there is no dequeue to announce.
+        assert rec.log == ["refused a DrainingError", "refused b DrainingError"]
 
 
 async def test_drain_leaves_a_turn_that_holds_its_lease_running() -> None:
@@ -1044,6 +1068,44 @@ async def test_a_failing_release_is_logged_and_the_queue_goes_on(
             assert await turns.run("conv", rec.turn("b", result="b")) == "b"
         assert rec.log == ["start a", "end a", "start b", "end b"]
         assert sum("releasing the lease" in r.getMessage() for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [
+        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock"),
+        pytest.param("asyncio", id="asyncio-short"),
+    ],
+)
+async def test_a_hanging_release_is_abandoned_after_a_bound(
+    anyio_backend_name: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bound = RELEASE_TIMEOUT
+    if anyio_backend_name == "asyncio":  # real time: a short bound
+        bound = 0.05
+        monkeypatch.setattr(turns_impl, "RELEASE_TIMEOUT", bound)
+    with anyio.fail_after(1000 if anyio_backend_name == "trio" else 5):
+        rec = Recorder()
+
+        class Hanging(FakeLease):
+            async def release(self) -> None:
+                await anyio.sleep_forever()
+
+        class Locker(GrantingLocker):
+            async def acquire(self, conversation_id: str) -> FakeLease:
+                lease = await super().acquire(conversation_id)
+                lease.__class__ = Hanging
+                self.locks[conversation_id].release()  # the lease lapses by itself
+                return lease
+
+        async with TurnRegistry(locker=Locker()) as turns:
+            start = anyio.current_time()
+            first = Job(rec.turn("a"))
+            turns.submit("conv", first)
+            assert await turns.run("conv", rec.turn("b", result="b")) == "b"
+            assert anyio.current_time() - start == pytest.approx(2 * bound, rel=0.5)
+            assert first.error is None
+        assert sum("abandoned" in r.getMessage() for r in caplog.records) == 2
 
 
 # -- races, stress and memory ------------------------------------------------------------
