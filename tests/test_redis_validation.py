@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._redis.validation import check_key, check_ttl
+from lovely_coordinator._redis.validation import check_key, check_prefix, check_ttl
 
 
 def test_good_ttls() -> None:
@@ -35,3 +35,9 @@ def test_keys() -> None:
         check_key(b"c", "name")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"^name must be a nonempty string$"):
         check_key("", "name")
+
+
+def test_prefixes() -> None:
+    assert check_prefix("") == ""
+    with pytest.raises(InvalidArgumentTypeError, match=r"^prefix must be a string$"):
+        check_prefix(None)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from . import scripts
 from .subscriber import Subscriber, text
+from .validation import check_prefix
 
 __all__ = ["GateTarget", "RedisGates"]
 
@@ -74,7 +75,8 @@ class RedisGates:
     ``__aenter__`` (which raises the client's error if Redis cannot be reached then).
 
     Raises:
-        InvalidArgumentError: ``resync_interval`` is not a finite number > 0.
+        InvalidArgumentError: ``resync_interval`` is not a finite number > 0, or
+            ``prefix`` not a string.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class RedisGates:
             raise InvalidArgumentError("resync_interval must be a positive number of seconds")
         self._client = client
         self._coordinator = coordinator
+        prefix = check_prefix(prefix)
         self._key = f"{prefix}{{gates}}:closed"
         self._channel = f"{prefix}{{gates}}:events"
         self._resync_interval = float(resync_interval)

@@ -19,11 +19,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, final
 
-from .._errors import InvalidArgumentTypeError
 from . import scripts
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .subscriber import Subscriber, Watch
-from .validation import check_key, check_ttl
+from .validation import check_key, check_prefix, check_ttl
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -39,15 +38,14 @@ class RedisLocker:
             independent.
 
     Raises:
-        InvalidArgumentError: ``ttl`` is not a finite number >= 0.01.
+        InvalidArgumentError: ``ttl`` is not a finite number >= 0.01, or ``prefix`` not a
+            string.
     """
 
     def __init__(self, client: Any, *, ttl: float = 30.0, prefix: str = "lovely:") -> None:
         self._ttl = check_ttl(ttl)
-        if not isinstance(prefix, str):
-            raise InvalidArgumentTypeError("prefix must be a string")
         self._client = client
-        self._prefix = prefix
+        self._prefix = check_prefix(prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
         self._channel = f"{prefix}released"
         self._acquire_script = client.register_script(scripts.LOCK_ACQUIRE)

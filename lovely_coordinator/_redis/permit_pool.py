@@ -32,7 +32,7 @@ from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from . import scripts
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .subscriber import Subscriber, Watch
-from .validation import check_key, check_ttl
+from .validation import check_key, check_prefix, check_ttl
 
 __all__ = ["RedisPermit", "RedisPermitPool"]
 
@@ -53,7 +53,7 @@ class RedisPermitPool:
         prefix: namespace of the keys and channel.
 
     Raises:
-        InvalidArgumentError: a bad ``name``, ``limit`` or ``ttl``.
+        InvalidArgumentError: a bad ``name``, ``limit``, ``ttl`` or ``prefix``.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class RedisPermitPool:
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        base = f"{prefix}{{pool:{name}}}"
+        base = f"{check_prefix(prefix)}{{pool:{name}}}"
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
         self._acquire_script = client.register_script(scripts.POOL_ACQUIRE)

@@ -6,7 +6,7 @@ import math
 
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 
-__all__ = ["check_key", "check_ttl"]
+__all__ = ["check_key", "check_prefix", "check_ttl"]
 
 
 def check_ttl(ttl: float) -> float:
@@ -35,3 +35,14 @@ def check_key(value: str, what: str) -> str:
     if not value:
         raise InvalidArgumentError(f"{what} must be a nonempty string")
     return value
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a ``str`` (empty is fine: no namespace).
+
+    Raises:
+        InvalidArgumentTypeError: not a ``str``.
+    """
+    if not isinstance(prefix, str):
+        raise InvalidArgumentTypeError("prefix must be a string")
+    return prefix
