@@ -5,16 +5,16 @@ Redis keys, and the Python side only sends it and interprets the reply. All shar
 timing uses the server clock (``TIME``), never a replica's; a replica's own clock is used
 only for its local deadlines.
 
-Fencing tokens (leases and permits) are minted by ``mint``: the token *is* the server's
-time in microseconds at the grant, and it is refused (the caller retries shortly) when it
-would not exceed the last token stored for the resource. Hence, as long as the server
-clock never steps backwards:
+Fencing tokens (leases and permits) follow one rule (``mint``): the token *is* the
+server's time in microseconds at the grant, and the grant is refused (the caller retries
+shortly) when that would not exceed the last token stored for the resource. Hence, as long
+as the server clock never steps backwards:
 
 * every token equals the server time at which it was issued, and is strictly greater than
   the previous one for the same resource (the stored counter enforces it within a run);
 * after the counter is lost (restart without persistence, flush, expiry of its long TTL),
-  the next token is the current server time, which is later than the issue time, hence
-  larger than, every token issued before.
+  the next token is the current server time: later than the moment any earlier token was
+  issued, hence larger than every one of them.
 
 A backward clock step stalls grants for that resource until the clock has caught up with
 the last token, instead of silently reusing numbers. Microsecond timestamps (~1.8e15) are
