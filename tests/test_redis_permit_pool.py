@@ -193,3 +193,18 @@ async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"^{message}$"):
         RedisPermitPool(object(), **kwargs)
+
+
+@pytest.mark.asyncio
+async def test_an_announcement_before_the_ticket_is_known_still_wakes(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        pool = RedisPermitPool(redis_client, name="p", limit=1, ttl=5)
+        async with pool._watching() as watch:
+            pool._on_announce("1")  # arrives before the attempt's reply
+            assert watch.event.is_set()
+            watch.reset()
+            watch.ticket = 5
+            pool._on_announce("4")
+            assert not watch.event.is_set()  # meant for earlier tickets only
+            pool._on_announce("5")
+            assert watch.event.is_set()

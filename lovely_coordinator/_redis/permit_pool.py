@@ -24,6 +24,7 @@ also re-checks when the earliest holder is due to expire and at least every
 from __future__ import annotations
 
 import contextlib
+import math
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Final, final
@@ -115,7 +116,9 @@ class RedisPermitPool:
 
     @contextlib.asynccontextmanager
     async def _watching(self) -> AsyncIterator[Watch]:
-        watch = Watch()  # woken by any announcement until its ticket is known
+        # Woken by every announcement until its ticket is known: an announcement may
+        # overtake the reply that tells the ticket.
+        watch = Watch(ticket=-math.inf)
         self._watches.add(watch)
         try:
             async with self._subscriber.active():

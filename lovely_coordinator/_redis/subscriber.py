@@ -43,7 +43,7 @@ class Watch:
 
     def __init__(self, ticket: float = float("inf")) -> None:
         self.event = anyio.Event()
-        self.ticket = ticket  # for queues: the waiter's place in line (inf = unknown yet)
+        self.ticket = ticket  # for queues: the waiter's place in line
 
     def reset(self) -> None:
         if self.event.is_set():
