@@ -5,9 +5,9 @@ until something held is due to expire), or "clock behind" (see scripts.py). A re
 waiter subscribes for wake-ups (and, if it was not subscribed before its attempt, tries
 again at once, since a release may have been announced before the subscription was in
 place), then re-tries whenever woken, when the holder is due to expire, and at least
-every ``recheck`` seconds. If the wait ends
-by any exception while a request may be in flight, ``clean_up`` (shielded, bounded) removes
-whatever the server may have granted or queued for this attempt.
+every ``recheck`` seconds. If the wait ends by any exception while a request may be in
+flight, ``clean_up`` (shielded, bounded) removes whatever the server may have granted or
+queued for this attempt.
 """
 
 from __future__ import annotations
