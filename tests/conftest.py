@@ -1,4 +1,4 @@
-"""Shared test configuration: every async test runs on asyncio and on trio."""
+"""Shared test configuration: every async test runs on asyncio and on trio; Redis fixtures."""
 
 from __future__ import annotations
 
