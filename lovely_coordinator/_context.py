@@ -19,7 +19,7 @@ is the innermost one, while a coordinator lends the innermost permit *it* issued
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._coordinator import AgentPermit
@@ -27,15 +27,9 @@ if TYPE_CHECKING:
 __all__ = ["current_permit", "enter_permit", "exit_permit", "find_permit"]
 
 
-@final
-class _Frame:
-    __slots__ = ("owner", "parent", "permit")
-
-    def __init__(self, permit: AgentPermit, owner: object, parent: _Frame | None) -> None:
-        self.permit = permit
-        self.owner = owner
-        self.parent = parent
-
+# A frame of the chain: (permit, the coordinator that issued it, the enclosing frame).
+# A plain tuple: entering a permit is on the hot path of every acquire.
+_Frame = tuple["AgentPermit", object, "_Frame | None"]
 
 _current: ContextVar[_Frame | None] = ContextVar("lovely_coordinator_permit", default=None)
 
@@ -48,12 +42,12 @@ def current_permit() -> AgentPermit | None:
     body ends); check ``permit.state`` when that matters.
     """
     frame = _current.get()
-    return None if frame is None else frame.permit
+    return None if frame is None else frame[0]
 
 
 def enter_permit(permit: AgentPermit, owner: object) -> Token[_Frame | None]:
     """Make ``permit`` (issued by ``owner``) current; returns the token for :func:`exit_permit`."""
-    return _current.set(_Frame(permit, owner, _current.get()))
+    return _current.set((permit, owner, _current.get()))
 
 
 def exit_permit(token: Token[_Frame | None]) -> None:
@@ -65,7 +59,7 @@ def find_permit(owner: object) -> AgentPermit | None:
     """The innermost current permit issued by ``owner``, or ``None``."""
     frame = _current.get()
     while frame is not None:
-        if frame.owner is owner:
-            return frame.permit
-        frame = frame.parent
+        if frame[1] is owner:
+            return frame[0]
+        frame = frame[2]
     return None

@@ -8,9 +8,12 @@ the call that frees the slot, so between a release and the next waiter's resumpt
 slot belongs to that waiter and nobody can barge in.
 
 Cancellation (always through anyio cancel scopes): a waiter cancelled while queued leaves
-the queue; one cancelled after its grant but before it resumed hands the slot on (the
-parker's ``on_undo``), so a slot is never leaked. An ``acquire`` that is cancelled before
-it enqueued takes no acceptance order.
+the queue; one whose cancellation reaches it after its grant but before it resumed hands
+the slot on (the parker's ``on_undo``), so a slot is never leaked. (A cancellation
+*requested* after the waiter was already woken with its grant is, as everywhere in anyio
+and trio, delivered at its next checkpoint: the operation completed, and ``permit()``,
+``run()`` and ``AgentReservation.run`` release the slot on the way out.) An ``acquire``
+that is cancelled before it enqueued takes no acceptance order.
 """
 
 from __future__ import annotations
@@ -736,8 +739,12 @@ class AgentReservation:
         self._cancelled = False
 
     def __repr__(self) -> str:
-        state = ("inactive", "queued", "granted", "running", "done")[self._ticket.state]
-        return f"<AgentReservation {self._ticket.tuple_state.tuple} order={self._order} {state}>"
+        state = self._ticket.state
+        if self._consumed and state != DONE:
+            label = "running"
+        else:
+            label = ("inactive", "queued", "granted", "lent", "done")[state]
+        return f"<AgentReservation {self._ticket.tuple_state.tuple} order={self._order} {label}>"
 
     @property
     def acceptance_order(self) -> int:

@@ -237,11 +237,6 @@ class Scheduler:
         self._counter += 1
         return self._counter
 
-    def observe_order(self, order: int) -> None:
-        """Raise the counter to ``order`` if it is below it."""
-        if order > self._counter:
-            self._counter = order
-
     # -- tuples ---------------------------------------------------------------------------
 
     def tuple_state(self, model_tuple: ModelTuple) -> TupleState | None:

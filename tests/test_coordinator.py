@@ -8,7 +8,9 @@ Each async test runs on asyncio and trio. Tasks are ordered with events and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -971,6 +973,7 @@ async def test_reservation_is_inactive_until_activated() -> None:
         reservation = coord.reserve(T)
         assert reservation.acceptance_order == 1
         assert (coord.active_count, coord.queued_count) == (0, 1)
+        assert repr(reservation).endswith("order=1 inactive>")
         later = await coord.acquire(T)  # skips the inactive reservation
         later.release()
         reservation.activate()
@@ -981,6 +984,8 @@ async def test_reservation_is_inactive_until_activated() -> None:
             permit = current_permit()
             assert permit is not None
             assert permit.acceptance_order == 1
+            assert repr(reservation).endswith("running>")
+            assert repr(permit) == "<AgentPermit openai/gpt order=1 held>"
             return "ran"
 
         assert await reservation.run(work) == "ran"
@@ -1057,27 +1062,33 @@ async def test_reservation_run_cancelled_while_queued_and_after_grant() -> None:
         queued = coord.reserve(T)
         granted = coord.reserve(T)
         after = coord.reserve(T)
+        ran: list[str] = []
         async with anyio.create_task_group() as tg:
             s1, s2 = anyio.CancelScope(), anyio.CancelScope()
 
-            async def run(scope: anyio.CancelScope, r: Any) -> None:
-                with scope:
-                    await r.run(_noop)
+            async def run(scope: anyio.CancelScope, r: Any, name: str) -> None:
+                async def work() -> None:
+                    ran.append(name)
 
-            tg.start_soon(run, s1, queued)
+                with scope:
+                    await r.run(work)
+
+            tg.start_soon(run, s1, queued, "queued")
             await wait_all_tasks_blocked()
-            s1.cancel()
+            s1.cancel()  # cancelled while queued: removed
             await wait_all_tasks_blocked()
             assert coord.queued_count == 2
-            tg.start_soon(run, s2, granted)
+            tg.start_soon(run, s2, granted, "granted")
             await wait_all_tasks_blocked()
             after.activate()
-            blocker.release()  # grants `granted` ...
-            s2.cancel()  # ... cancelled before resuming: the slot goes to `after`
+            s2.cancel()  # the cancellation is on its way to `granted` ...
+            blocker.release()  # ... when it is granted: the slot goes on to `after`
             assert coord.active_count == 1
             await wait_all_tasks_blocked()
-            assert coord.active_count == 1
-            after.cancel()
+            assert s2.cancelled_caught
+            assert ran == []
+            assert coord.active_count == 1  # held by `after`, granted but unrun
+            assert await after.run(_value(1)) == 1
         assert_idle(coord)
 
 
@@ -1247,5 +1258,81 @@ async def test_native_cancellation_at_any_point_never_leaks(op: str, cancel_afte
         blocker.release()
         await asyncio.gather(target, worker, return_exceptions=True)
         assert worker.exception() is None
+        coord._scheduler.check_invariants()
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None:
+    """Many tasks doing every operation, cancelled at random points, while the limits and
+    gates change underneath: at the end nothing is leaked and the invariants hold."""
+    rng = random.Random(seed)
+    tuples = [T, ModelTuple(*U), ModelTuple("local", "llama")]
+    with anyio.fail_after(20):
+        coord = create_agent_coordinator(2)
+
+        async def checkpoints() -> None:
+            await _checkpoints(rng.randint(0, 3))
+
+        async def op(t: ModelTuple, kind: int, reject: bool) -> None:
+            if kind == 0:
+                async with coord.permit(t, reject_on_closed_tuple=reject):
+                    await checkpoints()
+            elif kind == 1:
+
+                async def work() -> None:
+                    await coord.with_lent_permit(checkpoints)
+                    async with coord.lending():
+                        await checkpoints()
+
+                await coord.run(t, work, reject_on_closed_tuple=reject)
+            else:
+                reservation = coord.reserve(t, reject_on_closed_tuple=reject)
+                try:
+                    if kind == 3:
+                        reservation.activate()
+                        await checkpoints()
+                    await reservation.run(checkpoints)
+                finally:
+                    reservation.cancel()
+
+        async def agent() -> None:
+            t, kind, reject = rng.choice(tuples), rng.randrange(4), rng.random() < 0.3
+            steps = rng.randint(0, 12)
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as inner:
+
+                    async def cancel_later() -> None:
+                        await _checkpoints(steps)
+                        scope.cancel()
+
+                    inner.start_soon(cancel_later)
+                    with contextlib.suppress(TupleSuspendedError):
+                        await op(t, kind, reject)
+                    inner.cancel_scope.cancel()
+
+        async def chaos() -> None:
+            for _ in range(60):
+                await _checkpoints(rng.randint(1, 4))
+                t = rng.choice(tuples)
+                action = rng.randrange(4)
+                if action == 0:
+                    coord.close_tuple(t)
+                elif action == 1:
+                    coord.open_tuple(t)
+                elif action == 2:
+                    coord.set_max_concurrency(rng.randint(1, 4))
+                else:
+                    coord.set_tuple_limit(t, rng.choice([None, 1, 2]))
+                coord._scheduler.check_invariants()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chaos)
+            for _ in range(150):
+                tg.start_soon(agent)
+            await _checkpoints(400)
+            for t in tuples:  # let every parked agent finish
+                coord.open_tuple(t)
+                coord.set_tuple_limit(t, None)
         coord._scheduler.check_invariants()
         assert_idle(coord)
