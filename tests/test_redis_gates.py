@@ -49,6 +49,14 @@ async def closed_within(coordinator: AgentCoordinator, t: ModelTuple, seconds: f
             await anyio.sleep(0.005)
 
 
+async def resync_after_killing_pubsub(replica: Replica, redis_client: Any) -> None:
+    """Drop every pub/sub connection and return once ``replica`` has resynced."""
+    resyncs = replica.gates.resyncs
+    await redis_client.client_kill_filter(_type="pubsub")
+    while replica.gates.resyncs == resyncs:  # noqa: ASYNC110  (a counter, not an event)
+        await anyio.sleep(0.01)
+
+
 @pytest.mark.asyncio
 async def test_close_on_one_replica_parks_that_tuple_on_the_other(replicas: list[Replica]) -> None:
     a, b = replicas
@@ -149,10 +157,8 @@ async def test_resync_reopens_a_closure_opened_while_disconnected(
         await a.gates.close_tuple(SLOW, reopen_after=30)
         await closed_within(b.coordinator, SLOW, 0.5)
         await redis_client.zrem("lovely:{gates}:closed", "openai\x00gpt-x")  # no message
-        resyncs = b.gates.resyncs
-        await redis_client.client_kill_filter(_type="pubsub")
-        while b.gates.resyncs == resyncs or not b.coordinator.is_tuple_open(SLOW):  # noqa: ASYNC110
-            await anyio.sleep(0.01)
+        await resync_after_killing_pubsub(b, redis_client)
+        assert b.coordinator.is_tuple_open(SLOW)
 
 
 @pytest.mark.asyncio
@@ -164,10 +170,7 @@ async def test_resync_keeps_a_longer_local_closure(
         await b.gates.close_tuple(SLOW, reopen_after=1)
         b.coordinator.close_tuple(SLOW, reopen_after=30)  # this replica's own, local decision
         await redis_client.zrem("lovely:{gates}:closed", "openai\x00gpt-x")
-        resyncs = b.gates.resyncs
-        await redis_client.client_kill_filter(_type="pubsub")
-        while b.gates.resyncs == resyncs:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
+        await resync_after_killing_pubsub(b, redis_client)
         assert not b.coordinator.is_tuple_open(SLOW)
 
 
@@ -209,10 +212,7 @@ async def test_malformed_state_and_messages_are_ignored(
         await redis_client.publish("lovely:{gates}:events", "gibberish")
         await a.gates.close_tuple(SLOW, reopen_after=5)  # still heard after the bad ones
         await closed_within(b.coordinator, SLOW, 0.5)
-        resyncs = b.gates.resyncs
-        await redis_client.client_kill_filter(_type="pubsub")
-        while b.gates.resyncs == resyncs:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
+        await resync_after_killing_pubsub(b, redis_client)
         assert not b.coordinator.is_tuple_open(SLOW)
 
 
