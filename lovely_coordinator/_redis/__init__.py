@@ -1,0 +1,1 @@
+"""Private implementation of :mod:`lovely_coordinator.redis` (asyncio-only)."""

@@ -1,0 +1,171 @@
+"""A cluster-wide FIFO cap: :class:`RedisPermitPool` and :class:`RedisPermit`.
+
+Keys of pool ``N`` under prefix ``P`` (one hash tag)::
+
+    P{pool:N}:holders   zset  permit id -> expiry (ms, server clock); renewed every ttl/3
+    P{pool:N}:queue     zset  waiter id -> ticket (its place in line)
+    P{pool:N}:waiters   zset  waiter id -> heartbeat expiry (ms); refreshed by every attempt
+    P{pool:N}:ticket    the ticket counter
+    P{pool:N}:fence     the last fencing token
+    P{pool:N}:grants    hash  permit id -> "fence ticket"
+
+One script decides each attempt (see scripts.py): it first drops expired holders and
+waiters, so a dead process's permits and queue places come back, then grants the caller
+only if its rank in the queue is below the number of free permits. Grants therefore follow
+ticket order, except that the waiters within the free window may win in either order
+(never more than ``limit - 1`` places out of line).
+
+Waking: a release (or an abandoned place) publishes the highest ticket that may now be
+granted, and each process wakes only its local waiters up to that ticket. Every waiter
+also re-checks when the earliest holder is due to expire and at least every
+``min(ttl / 3, 1 s)``, which doubles as its heartbeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Final, final
+
+from .._errors import InvalidArgumentError, InvalidArgumentTypeError
+from . import scripts
+from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
+from .subscriber import Subscriber, Watch
+from .validation import check_key, check_prefix, check_ttl
+
+__all__ = ["RedisPermit", "RedisPermitPool"]
+
+_KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants")
+
+
+@final
+class RedisPermitPool:
+    """At most ``limit`` permits held at once across every process sharing ``name``.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 8).
+        name: the pool's name; pools with the same name and prefix are one pool. Every
+            process should pass the same ``limit``.
+        limit: the cap, an int >= 1.
+        ttl: seconds a permit (or a queue place) survives its process; permits renew
+            every ``ttl / 3``.
+        prefix: namespace of the keys and channel.
+
+    Raises:
+        InvalidArgumentError: a bad ``name``, ``limit``, ``ttl`` or ``prefix``.
+    """
+
+    def __init__(
+        self, client: Any, *, name: str, limit: int, ttl: float = 30.0, prefix: str = "lovely:"
+    ) -> None:
+        check_key(name, "name")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidArgumentTypeError("limit must be a positive integer")
+        if limit < 1:
+            raise InvalidArgumentError("limit must be a positive integer")
+        self._ttl = check_ttl(ttl)
+        self._client = client
+        self.name = name
+        self.limit = limit
+        self._ttl_ms = max(1, round(self._ttl * 1000))
+        base = f"{check_prefix(prefix)}{{pool:{name}}}"
+        self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
+        self._channel = f"{base}:released"
+        self._acquire_script = client.register_script(scripts.POOL_ACQUIRE)
+        self._refresh_script = client.register_script(scripts.POOL_REFRESH)
+        self._leave_script = client.register_script(scripts.POOL_LEAVE)
+        self._watches: set[Watch] = set()
+        self._subscriber = Subscriber(client, self._channel, self._on_announce, self._on_reset)
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    @contextlib.asynccontextmanager
+    async def permit(self) -> AsyncIterator[RedisPermit]:
+        """``async with pool.permit() as p:`` acquire, and release on exit (shielded)."""
+        permit = await self.acquire()
+        try:
+            yield permit
+        finally:
+            await permit.release()
+
+    async def acquire(self) -> RedisPermit:
+        """Take a place in line and wait (cancellable) until a permit is granted.
+
+        A cancelled (or failed) acquire gives up its place and, should the server have
+        granted it a permit whose reply was lost, that permit too.
+
+        Raises:
+            redis.exceptions.RedisError: the server could not be reached.
+        """
+        permit_id = uuid.uuid4().hex
+        args = [permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel]
+        reply, sent = await wait_for_grant(
+            lambda: self._acquire_script(self._keys, args),
+            self._watching,
+            lambda: self._leave(permit_id),
+            subscribed=lambda: self._subscriber.subscribed,
+            bound=self._ttl,
+            recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
+            what=f"acquiring a permit of pool {self.name!r}",
+        )
+        return RedisPermit(self, permit_id, int(reply[1]), int(reply[2]), sent)
+
+    @contextlib.asynccontextmanager
+    async def _watching(self) -> AsyncIterator[Watch]:
+        # Woken by every announcement until its ticket is known: an announcement may
+        # overtake the reply that tells the ticket.
+        watch = Watch(ticket=-math.inf)
+        self._watches.add(watch)
+        try:
+            async with self._subscriber.active():
+                yield watch
+        finally:
+            self._watches.discard(watch)
+
+    def _on_announce(self, message: str) -> None:
+        cutoff = int(message)
+        for watch in self._watches:
+            if watch.ticket <= cutoff:
+                watch.event.set()
+
+    def _on_reset(self) -> None:
+        for watch in self._watches:
+            watch.event.set()
+
+    async def _refresh(self, permit_id: str) -> bool:
+        return bool(await self._refresh_script(self._keys, [permit_id, self._ttl_ms]))
+
+    async def _leave(self, permit_id: str) -> None:
+        await self._leave_script(self._keys, [permit_id, self.limit, self._channel])
+
+
+@final
+class RedisPermit(Grant):
+    """One permit of a :class:`RedisPermitPool`, held until released or lost.
+
+    Attributes:
+        fence: a fencing token, strictly greater than every earlier permit's of the pool.
+        ticket: the place in line it was granted from (1, 2, 3, ... per pool).
+        lost: an :class:`anyio.Event`, set when the permit can no longer be shown held.
+
+    ``await permit.release()`` gives it back (the next in line is woken); idempotent,
+    shielded, never raises for a permit that lapsed. An async context manager: leaving
+    the block releases it.
+    """
+
+    def __init__(
+        self, pool: RedisPermitPool, permit_id: str, fence: int, ticket: int, sent_at: float
+    ) -> None:
+        self.fence = fence
+        self.ticket = ticket
+        super().__init__(
+            ttl=pool.ttl,
+            sent_at=sent_at,
+            renew=lambda: pool._refresh(permit_id),
+            give_back=lambda: pool._leave(permit_id),
+            name=f"permit {fence} of pool {pool.name!r}",
+        )

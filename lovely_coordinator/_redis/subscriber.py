@@ -1,0 +1,155 @@
+"""One pub/sub channel, listened to by a background task while anyone needs it.
+
+Pub/sub is at-most-once: a message published while the subscriber connection is down is
+lost. Every user of this class therefore treats a message as a *hint* to re-read the
+authoritative state, and ``on_reset`` (called after every (re)subscription that follows a
+gap) asks them to re-read everything. redis-py's asyncio ``PubSub`` may reconnect and
+resubscribe on its own; the server then confirms the subscription again, and that second
+confirmation is how a gap is noticed whoever repaired the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, final
+
+import anyio
+from redis.exceptions import RedisError
+
+__all__ = ["Subscriber", "Watch", "text"]
+
+_log = logging.getLogger("lovely_coordinator.redis")
+
+_RETRY_DELAYS: Final = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s forever
+
+
+def text(value: bytes | str) -> str:
+    """A reply value as ``str``, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@final
+class Watch:
+    """A waiter's wake-up flag: :meth:`reset` it *before* each check, then wait on ``event``.
+
+    Resetting first means a notification that lands between the check and the wait still
+    wakes the waiter (the event is level-triggered).
+    """
+
+    __slots__ = ("event", "ticket")
+
+    def __init__(self, ticket: float = float("inf")) -> None:
+        self.event = anyio.Event()
+        self.ticket = ticket  # for queues: the waiter's place in line
+
+    def reset(self) -> None:
+        if self.event.is_set():
+            self.event = anyio.Event()
+
+
+@final
+class Subscriber:
+    """Listens on ``channel`` while at least one :meth:`active` block is open.
+
+    Args:
+        client: a ``redis.asyncio.Redis``; the subscription takes one connection of its pool.
+        channel: the channel name.
+        on_message: called (synchronously, on the loop) with each message's payload.
+        on_reset: called when messages may have been lost (a resubscription after a gap,
+            or an error); users must then re-read the state they watch.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        channel: str,
+        on_message: Callable[[str], object],
+        on_reset: Callable[[], object],
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._on_message = on_message
+        self._on_reset = on_reset
+        self._users = 0
+        # One listener per period of use, stopped through its scope (never Task.cancel(),
+        # which anyio scopes inside could absorb); a retired one closes its own connection.
+        self._task: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
+        self._retiring: set[asyncio.Task[None]] = set()  # strong references until done
+        self._ready = anyio.Event()
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether a listener is running and has confirmed (or attempted) its subscription."""
+        return self._task is not None and self._ready.is_set()
+
+    @contextlib.asynccontextmanager
+    async def active(self) -> AsyncIterator[None]:
+        """Keep the subscription alive for the body.
+
+        Entering returns once the server confirmed the subscription, or once the first
+        attempt failed (the caller's bounded re-checks then cover the gap), so a message
+        published after entry is seen unless the connection breaks, which ``on_reset``
+        reports.
+        """
+        self._users += 1
+        try:
+            if self._task is None:
+                self._ready = anyio.Event()
+                self._scope = anyio.CancelScope()
+                self._task = asyncio.create_task(self._main(self._scope, self._ready))
+            await self._ready.wait()
+            yield
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._task is not None:
+                self._scope.cancel()
+                self._retiring.add(self._task)
+                self._task.add_done_callback(self._retiring.discard)
+                self._task = None
+
+    def _deliver(self, callback: Callable[..., object], *args: str) -> None:
+        # A bad message (anyone may publish on the channel) must not stop the listener.
+        try:
+            callback(*args)
+        except Exception:
+            _log.exception("subscriber on %s: handling %r failed", self._channel, args)
+
+    async def _main(self, scope: anyio.CancelScope, ready: anyio.Event) -> None:
+        with scope:
+            await self._listen(ready)
+
+    async def _listen(self, ready: anyio.Event) -> None:
+        failures = 0
+        pubsub = self._client.pubsub()
+        try:
+            while True:
+                try:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        kind = text(message["type"])
+                        if kind == "message":
+                            self._deliver(self._on_message, text(message["data"]))
+                        elif kind == "subscribe":
+                            failures = 0
+                            if ready.is_set():
+                                self._deliver(self._on_reset)  # resubscribed: messages lost?
+                            ready.set()
+                except (RedisError, OSError) as exc:
+                    delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS) - 1)]
+                    failures += 1
+                    _log.debug(
+                        "subscriber on %s failed (%r); retry in %s s", self._channel, exc, delay
+                    )
+                    ready.set()
+                    self._deliver(self._on_reset)
+                    with anyio.CancelScope(shield=True):
+                        await pubsub.aclose()
+                    pubsub = self._client.pubsub()
+                    await anyio.sleep(delay)
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()

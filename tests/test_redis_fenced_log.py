@@ -1,0 +1,103 @@
+"""FencedLog against a real throwaway server (asyncio-only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+from lovely_coordinator import CoordinatorError, InvalidArgumentError
+from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator.redis import FencedLog, StaleFenceError
+
+
+@pytest.mark.asyncio
+async def test_empty_log(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        assert await log.entries() == []
+        assert await log.high_water() == 0
+
+
+@pytest.mark.asyncio
+async def test_append_returns_indexes_and_raises_the_bar(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        assert await log.append(3, "a") == 0
+        assert await log.append(3, "b") == 1  # equal fences: the holder writes many times
+        assert await log.append(5, "c:with:colons") == 2
+        assert await log.high_water() == 5
+        assert await log.entries() == [(3, "a"), (3, "b"), (5, "c:with:colons")]
+
+
+@pytest.mark.asyncio
+async def test_stale_fence_is_refused_and_changes_nothing(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        await log.append(7, "new holder")
+        stale = r"^fence 6 is stale: the store already accepted fence 7$"
+        with pytest.raises(StaleFenceError, match=stale) as info:
+            await log.append(6, "old holder")
+        assert isinstance(info.value, CoordinatorError)
+        assert (info.value.fence, info.value.high_water) == (6, 7)
+        assert await log.entries() == [(7, "new holder")]
+        assert await log.high_water() == 7
+
+
+@pytest.mark.asyncio
+async def test_fence_zero_is_unfenced(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        assert await log.append(0, "x") == 0
+        assert await log.high_water() == 0
+        await log.append(9, "y")
+        assert await log.append(0, "z") == 2  # accepted, and never lowers the bar
+        assert await log.high_water() == 9
+        with pytest.raises(StaleFenceError):
+            await log.append(8, "w")
+
+
+@pytest.mark.asyncio
+async def test_fences_beyond_double_precision_compare_exactly(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        big = 2**63 + 1
+        await log.append(big, "a")
+        with pytest.raises(StaleFenceError):
+            await log.append(big - 1, "b")
+        assert await log.high_water() == big
+
+
+@pytest.mark.asyncio
+async def test_logs_are_independent(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        await FencedLog(redis_client, "one").append(10, "a")
+        assert await FencedLog(redis_client, "two").append(1, "b") == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("fence", "entry"), [(-1, "a"), (True, "a"), (1.0, "a"), (1, b"a")])
+async def test_bad_arguments(redis_client: Any, fence: Any, entry: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        with pytest.raises(InvalidArgumentError):
+            await log.append(fence, entry)
+        assert await log.entries() == []
+
+
+def test_bad_key() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^key must be a nonempty string$"):
+        FencedLog(object(), "")
+
+
+@pytest.mark.asyncio
+async def test_works_with_a_decoding_client(redis_server: ThrowawayServer) -> None:
+    with anyio.fail_after(5):
+        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        log = FencedLog(client, "decoded")
+        await log.append(2, "ünïcode")
+        assert await log.entries() == [(2, "ünïcode")]
+        assert await log.high_water() == 2
+        await client.aclose()

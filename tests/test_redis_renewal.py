@@ -1,0 +1,138 @@
+"""The renewal watchdog and the bounded clean-up, with plain callables (no server needed).
+
+The renew callables here stand in for a script call: they answer, refuse, fail or hang,
+which is all the watchdog can observe of Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from lovely_coordinator._redis.renewal import Renewer, best_effort, local_deadline
+
+
+def test_local_deadline_comes_before_the_ttl() -> None:
+    assert local_deadline(10.0, 30.0) == pytest.approx(10.0 + 30.0 - 0.302)
+    assert local_deadline(0.0, 0.5) < 0.5
+
+
+@pytest.mark.asyncio
+async def test_renews_every_third_of_the_ttl_and_stays_held() -> None:
+    with anyio.fail_after(5):
+        calls: list[float] = []
+
+        async def renew() -> bool:
+            calls.append(anyio.current_time())
+            return True
+
+        start = anyio.current_time()
+        renewer = Renewer(0.3, start, renew, "test grant")
+        await anyio.sleep(0.55)
+        await renewer.stop()
+        assert not renewer.lost.is_set()
+        assert len(calls) >= 4
+        gaps = [b - a for a, b in zip([start, *calls], calls, strict=False)]
+        assert all(0.09 <= gap < 0.25 for gap in gaps)
+
+
+@pytest.mark.asyncio
+async def test_refused_renewal_sets_lost_at_once() -> None:
+    with anyio.fail_after(5):
+        start = anyio.current_time()
+
+        async def renew() -> bool:
+            return False
+
+        renewer = Renewer(0.3, start, renew, "test grant")
+        await renewer.lost.wait()
+        assert anyio.current_time() - start < 0.2
+        await renewer.stop()
+
+
+@pytest.mark.asyncio
+async def test_failing_renewals_are_retried_then_lost_before_the_ttl(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        calls = 0
+
+        async def renew() -> bool:
+            nonlocal calls
+            calls += 1
+            raise RedisConnectionError("down")
+
+        start = anyio.current_time()
+        renewer = Renewer(0.3, start, renew, "test grant")
+        with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            await renewer.lost.wait()
+        assert anyio.current_time() - start < 0.3
+        assert calls >= 3  # first at ttl/3, then every ttl/10
+        assert "test grant is lost" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_hanging_renewal_is_lost_at_the_deadline() -> None:
+    with anyio.fail_after(5):
+
+        async def renew() -> bool:
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        start = anyio.current_time()
+        renewer = Renewer(0.3, start, renew, "test grant")
+        await renewer.lost.wait()
+        assert local_deadline(start, 0.3) <= anyio.current_time() < start + 0.3
+        await renewer.stop()
+
+
+@pytest.mark.asyncio
+async def test_stop_before_the_first_renewal_never_renews() -> None:
+    with anyio.fail_after(5):
+        calls = 0
+
+        async def renew() -> bool:
+            nonlocal calls
+            calls += 1
+            return True
+
+        renewer = Renewer(0.15, anyio.current_time(), renew, "test grant")
+        await renewer.stop()
+        await renewer.stop()  # idempotent
+        await anyio.sleep(0.2)
+        assert calls == 0
+        assert not renewer.lost.is_set()
+
+
+@pytest.mark.asyncio
+async def test_best_effort_is_shielded_bounded_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        finished = anyio.Event()
+
+        async def slow_clean_up() -> None:
+            await anyio.sleep(0.05)
+            finished.set()
+
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the caller is being cancelled: the clean-up still runs
+            await best_effort(slow_clean_up, 1.0, "cleaning")
+        assert finished.is_set()
+
+        async def hang() -> None:
+            await anyio.sleep_forever()
+
+        async def fail() -> None:
+            raise RedisConnectionError("down")
+
+        with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            start = anyio.current_time()
+            await best_effort(hang, 0.05, "hanging")
+            assert anyio.current_time() - start < 0.5
+            await best_effort(fail, 1.0, "failing")
+        assert "hanging got no answer" in caplog.text
+        assert "failing failed" in caplog.text

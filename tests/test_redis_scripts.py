@@ -1,0 +1,204 @@
+"""The Lua scripts' shared rules, driven directly on a real server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from lovely_coordinator._redis import scripts
+from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator.redis import RedisLocker, RedisPermitPool
+
+
+async def server_time_us(client: Any) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+@pytest.mark.asyncio
+async def test_a_token_is_the_server_time_of_its_grant(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        before = await server_time_us(redis_client)
+        lease = await RedisLocker(redis_client).acquire("c")
+        after = await server_time_us(redis_client)
+        assert before <= lease.fence <= after
+        await lease.release()
+
+
+@pytest.mark.asyncio
+async def test_counter_ahead_of_the_clock_stalls_the_grant_instead_of_reusing_numbers(
+    redis_client: Any,
+) -> None:
+    with anyio.fail_after(5):
+        # As after a backward step of the server clock: the last token is in the future.
+        ahead = await server_time_us(redis_client) + 300_000
+        await redis_client.set("lovely:{c}:fence", ahead)
+        acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
+        tag, wait_us = await acquire(
+            ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting"], ["me", 1000, 10_000]
+        )
+        assert tag == scripts.CLOCK_BEHIND
+        assert 0 < wait_us <= 300_001
+        assert await redis_client.exists("lovely:{c}:lock") == 0
+        lease = await RedisLocker(redis_client).acquire("c")  # waits for the clock
+        assert lease.fence > ahead
+        await lease.release()
+
+
+@pytest.mark.asyncio
+async def test_pool_tokens_follow_the_same_rule(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        ahead = await server_time_us(redis_client) + 200_000
+        await redis_client.set("lovely:{pool:p}:fence", ahead)
+        async with RedisPermitPool(redis_client, name="p", limit=1).permit() as permit:
+            assert permit.fence > ahead
+
+
+@pytest.mark.asyncio
+async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
+        keys = ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting"]
+        first = await acquire(keys, ["me", 5000, 10_000])
+        again = await acquire(keys, ["me", 5000, 10_000])
+        other = await acquire(keys, ["you", 5000, 10_000])
+        assert first == again
+        assert first[0] == scripts.GRANTED
+        assert other[0] == scripts.WAITING
+        assert 0 < other[1] <= 5000
+        assert await redis_client.exists("lovely:{c}:waiting") == 1
+
+
+@pytest.mark.asyncio
+async def test_gate_close_keeps_the_later_reopen_time(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        close = redis_client.register_script(scripts.GATE_CLOSE)
+        state = redis_client.register_script(scripts.GATE_STATE)
+        assert await close(["g"], ["m", 5000, "events"]) == 5000
+        remaining = await close(["g"], ["m", 100, "events"])
+        assert 4900 < remaining <= 5000
+        member, left = await state(["g"], [])
+        assert member == b"m"
+        assert 4900 < int(left) <= 5000
+
+
+@pytest.mark.asyncio
+async def test_gate_state_drops_closures_that_ran_out(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        close = redis_client.register_script(scripts.GATE_CLOSE)
+        state = redis_client.register_script(scripts.GATE_STATE)
+        await close(["g"], ["m", 20, "events"])
+        await anyio.sleep(0.05)
+        assert await state(["g"], []) == []
+        assert await redis_client.zcard("g") == 0
+
+
+class PoolModel(RuleBasedStateMachine):
+    """The permit pool's scripts against a plain Python model of the same rules.
+
+    Expiry is simulated by moving a holder's or waiter's expiry score to 0, which the
+    scripts must treat exactly like a process that stopped renewing.
+    """
+
+    url = ""  # the server's, set by the test (hypothesis builds the instances)
+    LIMIT = 2
+    KEYS = tuple(f"model:{{pool}}:{part}" for part in ("h", "q", "w", "t", "f", "g"))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = redis.Redis.from_url(PoolModel.url)
+        self.client.delete(*self.KEYS)
+        self.acquire = self.client.register_script(scripts.POOL_ACQUIRE)
+        self.leave = self.client.register_script(scripts.POOL_LEAVE)
+        self.queue: dict[str, int] = {}  # live or not-yet-purged waiter -> ticket
+        self.holders: set[str] = set()
+        self.dead: set[str] = set()  # expired, purged by the next script call
+        self.tickets = 0
+        self.ids = 0
+
+    def purge(self) -> None:
+        for member in self.dead:
+            self.queue.pop(member, None)
+            self.holders.discard(member)
+        self.dead.clear()
+
+    def attempt(self, member: str) -> None:
+        self.purge()
+        if member not in self.queue:
+            self.tickets += 1
+            self.queue[member] = self.tickets
+        ticket = self.queue[member]
+        rank = sorted(self.queue.values()).index(ticket)
+        granted = rank < self.LIMIT - len(self.holders)
+        tag, _, reply_ticket = self.acquire(
+            self.KEYS, [member, self.LIMIT, 60_000, 60_000, 60_000, "model:events"]
+        )
+        assert (tag, reply_ticket) == (scripts.GRANTED if granted else scripts.WAITING, ticket)
+        if granted:
+            del self.queue[member]
+            self.holders.add(member)
+
+    @rule()
+    def arrive(self) -> None:
+        self.ids += 1
+        self.attempt(f"m{self.ids}")
+
+    @precondition(lambda self: bool(set(self.queue) - self.dead))
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        self.attempt(data.draw(st.sampled_from(sorted(set(self.queue) - self.dead))))
+
+    @precondition(lambda self: bool((self.holders | set(self.queue)) - self.dead))
+    @rule(data=st.data())
+    def leave_(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted((self.holders | set(self.queue)) - self.dead)))
+        self.purge()
+        held = member in self.holders
+        assert self.leave(self.KEYS, [member, self.LIMIT, "model:events"]) == int(held)
+        self.holders.discard(member)
+        self.queue.pop(member, None)
+
+    @precondition(lambda self: bool(self.holders - self.dead))
+    @rule(data=st.data())
+    def holder_dies(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted(self.holders - self.dead)))
+        self.client.zadd(self.KEYS[0], {member: 0}, xx=True)
+        self.dead.add(member)
+
+    @precondition(lambda self: bool(set(self.queue) - self.dead))
+    @rule(data=st.data())
+    def waiter_dies(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted(set(self.queue) - self.dead)))
+        self.client.zadd(self.KEYS[2], {member: 0}, xx=True)
+        self.dead.add(member)
+
+    @invariant()
+    def server_matches_model(self) -> None:
+        client: Any = self.client
+        holders = {m.decode() for m in client.zrange(self.KEYS[0], 0, -1)}
+        queued = client.zrange(self.KEYS[1], 0, -1, withscores=True)
+        assert holders == self.holders
+        assert {m.decode(): int(t) for m, t in queued} == self.queue
+        assert len(self.holders - self.dead) <= self.LIMIT
+
+    def teardown(self) -> None:
+        self.client.close()
+
+
+def test_pool_scripts_follow_the_model(redis_server: ThrowawayServer) -> None:
+    PoolModel.url = redis_server.url
+    run_state_machine_as_test(
+        PoolModel, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+    )

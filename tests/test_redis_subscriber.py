@@ -1,0 +1,81 @@
+"""Subscriber and Watch on a real server: delivery, retirement, and recovery after a kill."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from lovely_coordinator._redis.subscriber import Subscriber, Watch, text
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.resets = 0
+        self.changed = anyio.Event()
+
+    def on_message(self, message: str) -> None:
+        self.messages.append(message)
+        self.changed.set()
+
+    def on_reset(self) -> None:
+        self.resets += 1
+        self.changed.set()
+
+    async def next_change(self) -> None:
+        await self.changed.wait()
+        self.changed = anyio.Event()
+
+
+async def subscribers(client: Any) -> int:
+    counts = await client.pubsub_numsub("ch")
+    return int(counts[0][1])
+
+
+def test_text_decodes_bytes_only() -> None:
+    assert text(b"caf\xc3\xa9") == "café"
+    assert text("x") == "x"
+
+
+@pytest.mark.asyncio
+async def test_watch_reset_keeps_a_pending_notification_visible_until_reset() -> None:
+    with anyio.fail_after(5):
+        watch = Watch(ticket=7)
+        watch.event.set()
+        await watch.event.wait()  # level-triggered: a notification before the wait counts
+        watch.reset()
+        assert not watch.event.is_set()
+        assert watch.ticket == 7
+
+
+@pytest.mark.asyncio
+async def test_delivers_while_active_and_unsubscribes_after(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        recorder = Recorder()
+        subscriber = Subscriber(redis_client, "ch", recorder.on_message, recorder.on_reset)
+        async with subscriber.active(), subscriber.active():  # users are counted
+            assert await subscribers(redis_client) == 1
+            await redis_client.publish("ch", "hello")
+            await recorder.next_change()
+        assert recorder.messages == ["hello"]
+        assert recorder.resets == 0
+        while await subscribers(redis_client):  # noqa: ASYNC110  (server-side state)
+            await anyio.sleep(0.005)
+
+
+@pytest.mark.asyncio
+async def test_killed_connection_is_reported_and_resubscribed(redis_client: Any) -> None:
+    with anyio.fail_after(10):
+        recorder = Recorder()
+        subscriber = Subscriber(redis_client, "ch", recorder.on_message, recorder.on_reset)
+        async with subscriber.active():
+            assert await redis_client.client_kill_filter(_type="pubsub") == 1
+            while recorder.resets == 0:
+                await recorder.next_change()
+            while await subscribers(redis_client) == 0:  # noqa: ASYNC110  (server-side state)
+                await anyio.sleep(0.01)
+            await redis_client.publish("ch", "again")
+            while "again" not in recorder.messages:
+                await recorder.next_change()
