@@ -49,6 +49,13 @@ class CoordinatorConfig(BaseModel):
         except ValidationError as exc:
             raise _invalid(exc) from exc
 
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> CoordinatorConfig:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise _invalid(exc) from exc
+
     @field_validator("tuple_limits", mode="before")
     @classmethod
     def _tuples(cls, value: object) -> object:
@@ -61,6 +68,12 @@ class CoordinatorConfig(BaseModel):
 
 def _invalid(exc: ValidationError) -> InvalidArgumentError:
     details = exc.errors(include_url=False)
+    # model_validate*() run __init__, which already turned pydantic's error into ours;
+    # pydantic then wraps that one as a "value_error". Unwrap it rather than nest it.
+    if len(details) == 1 and not details[0]["loc"]:
+        nested = details[0].get("ctx", {}).get("error")
+        if isinstance(nested, InvalidArgumentError):
+            return InvalidArgumentError(str(nested), errors=nested.errors)
     parts = "; ".join(
         f"{'.'.join(str(p) for p in d['loc']) or 'config'}: {d['msg']}" for d in details
     )

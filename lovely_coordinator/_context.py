@@ -1,9 +1,71 @@
-"""The one place the library touches ``contextvars-extras``.
+"""The current permit: which agent permit the running code executes under.
 
-The package is frozen upstream, so every use goes through this module: swapping it for
-the standard library's ``contextvars`` is an edit here and nowhere else.
+``run(...)``, ``permit(...)`` and a reservation's ``run`` make their permit current for the
+body and for every task started inside it; ``with_lent_permit``/``lending()`` look it up
+to lend it while the body waits on other agents.
+
+The standard library's :mod:`contextvars` is all this needs, so it is what is used:
+a ``ContextVar`` set in the caller's task is copied into every task it starts (asyncio
+tasks and trio/anyio task groups copy the context at spawn), and resetting it with its
+token restores the outer value. ``contextvars-extras`` (a pinned dependency, reserved
+for use behind this module) would add nothing here: its registries and descriptors solve
+*declaring many variables*, and this module declares one.
+
+The variable holds a chain of frames rather than one permit, because permits of two
+coordinators nest (an agent run, inside it a run on the Bash pool): ``current_permit()``
+is the innermost one, while a coordinator lends the innermost permit *it* issued.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, final
+
+if TYPE_CHECKING:
+    from ._coordinator import AgentPermit
+
+__all__ = ["current_permit", "enter_permit", "exit_permit", "find_permit"]
+
+
+@final
+class _Frame:
+    __slots__ = ("owner", "parent", "permit")
+
+    def __init__(self, permit: AgentPermit, owner: object, parent: _Frame | None) -> None:
+        self.permit = permit
+        self.owner = owner
+        self.parent = parent
+
+
+_current: ContextVar[_Frame | None] = ContextVar("lovely_coordinator_permit", default=None)
+
+
+def current_permit() -> AgentPermit | None:
+    """The permit the calling code runs under (the innermost one), or ``None``.
+
+    Set by ``AgentCoordinator.run``/``permit`` and ``AgentReservation.run`` for their body
+    and every task started in it. A permit stays current after it is released (until its
+    body ends); check ``permit.state`` when that matters.
+    """
+    frame = _current.get()
+    return None if frame is None else frame.permit
+
+
+def enter_permit(permit: AgentPermit, owner: object) -> Token[_Frame | None]:
+    """Make ``permit`` (issued by ``owner``) current; returns the token for :func:`exit_permit`."""
+    return _current.set(_Frame(permit, owner, _current.get()))
+
+
+def exit_permit(token: Token[_Frame | None]) -> None:
+    """Restore what was current before the matching :func:`enter_permit`."""
+    _current.reset(token)
+
+
+def find_permit(owner: object) -> AgentPermit | None:
+    """The innermost current permit issued by ``owner``, or ``None``."""
+    frame = _current.get()
+    while frame is not None:
+        if frame.owner is owner:
+            return frame.permit
+        frame = frame.parent
+    return None

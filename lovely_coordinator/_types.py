@@ -7,9 +7,9 @@ Validation happens once, at construction, and raises :class:`InvalidArgumentErro
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self, runtime_checkable
 
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -56,6 +56,15 @@ class ModelTuple(_ModelTupleFields):
         if not provider or not model or "\0" in provider or "\0" in model:
             raise InvalidArgumentError(_TUPLE_MESSAGE)
         return super().__new__(cls, provider, model)
+
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> Self:  # type: ignore[override]
+        # NamedTuple builds instances here (also for ``_replace``) without calling
+        # ``__new__``; route it through the validation.
+        values = tuple(iterable)
+        if len(values) != 2:
+            raise InvalidArgumentTypeError(_TUPLE_MESSAGE)
+        return cls(*values)
 
     def __repr__(self) -> str:
         return f"ModelTuple({self.provider!r}, {self.model!r})"

@@ -1,0 +1,1084 @@
+"""AgentCoordinator, AgentPermit, AgentReservation: every scheduling rule of CONTRACT §1.
+
+Each async test runs on asyncio and trio. Tasks are ordered with events and
+``wait_all_tasks_blocked()``, never with sleeps; time-dependent tests use trio's
+``MockClock`` (plus a short real-time asyncio variant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import pytest
+from anyio import wait_all_tasks_blocked
+from trio.testing import MockClock
+
+from lovely_coordinator import (
+    CoordinatorConfig,
+    CoordinatorError,
+    CoordinatorStatistics,
+    InvalidArgumentError,
+    ModelTuple,
+    PermitReleasedError,
+    ReservationCancelledError,
+    ReservationUsedError,
+    TupleStatistics,
+    TupleSuspendedError,
+)
+from lovely_coordinator._coordinator import (
+    AGENT_COORDINATOR_VERSION,
+    AgentCoordinator,
+    AgentPermit,
+    create_agent_coordinator,
+    current_permit,
+)
+
+pytestmark = pytest.mark.anyio
+
+T = ModelTuple("openai", "gpt")
+U = ("anthropic", "claude")  # a plain pair works wherever a tuple does
+SUSPENDED = (
+    r"^Provider/model is suspended by a provider limit; foreground work cannot wait for recovery$"
+)
+MOCK_TRIO = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
+
+
+def assert_idle(coord: AgentCoordinator, limit: int | None = None) -> None:
+    """Nothing granted, queued or lent: no slot leaked."""
+    stats = coord.statistics()
+    assert (stats.active, stats.queued, stats.lent) == (0, 0, 0), stats
+    assert all(not t.open or t.limit is not None for t in stats.tuples), stats
+    if limit is not None:
+        assert stats.max_concurrency == limit
+
+
+class Holder:
+    """A task that acquires a permit, records the grant and holds it until told to stop."""
+
+    def __init__(
+        self, coord: AgentCoordinator, name: str, log: list[str], t: Any = T, **kwargs: Any
+    ) -> None:
+        self.coord = coord
+        self.name = name
+        self.log = log
+        self.t = t
+        self.kwargs = kwargs
+        self.done = anyio.Event()
+        self.granted = anyio.Event()
+        self.queued = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.permit: AgentPermit | None = None
+        self.error: BaseException | None = None
+
+    async def __call__(self) -> None:
+        with self.scope:
+            self.queued.set()  # enqueued before this task next yields
+            try:
+                async with self.coord.permit(self.t, **self.kwargs) as permit:
+                    self.permit = permit
+                    self.log.append(self.name)
+                    self.granted.set()
+                    await self.done.wait()
+            except CoordinatorError as exc:
+                self.error = exc
+                self.log.append(f"{self.name}!")
+
+
+async def start(tg: anyio.abc.TaskGroup, holder: Holder) -> Holder:
+    """Start ``holder`` and return once every task is blocked (it is granted or queued)."""
+    tg.start_soon(holder)
+    await wait_all_tasks_blocked()
+    return holder
+
+
+async def spawn(tg: anyio.abc.TaskGroup, holder: Holder, *, granted: bool = False) -> None:
+    """Start ``holder`` from inside another task; return once it is queued (or granted)."""
+    tg.start_soon(holder)
+    await (holder.granted if granted else holder.queued).wait()
+
+
+# -- construction and knobs ------------------------------------------------------------------------
+
+
+async def test_factory_defaults_and_version() -> None:
+    coord = create_agent_coordinator()
+    assert coord.version == AGENT_COORDINATOR_VERSION == 1
+    assert coord.max_concurrency == 4
+    assert (coord.active_count, coord.queued_count, coord.resident_count) == (0, 0, 0)
+    assert create_agent_coordinator(7).max_concurrency == 7
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, "2", None])
+def test_factory_rejects_bad_limit(bad: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^max_concurrency must be a positive integer$"):
+        create_agent_coordinator(bad)
+
+
+def test_factory_with_config() -> None:
+    config = CoordinatorConfig(max_concurrency=3, tuple_limits={T: 1}, reacquire="original")
+    coord = create_agent_coordinator(config=config)
+    assert coord.max_concurrency == 3
+    assert coord.statistics().tuples == (TupleStatistics(T, 0, 0, 1, True, None),)
+    assert create_agent_coordinator(3, config=config).max_concurrency == 3
+    with pytest.raises(InvalidArgumentError):
+        create_agent_coordinator(4, config=config)  # an explicit 4 differs from 3
+    with pytest.raises(InvalidArgumentError):
+        create_agent_coordinator(config={"max_concurrency": 3})  # type: ignore[arg-type]
+
+
+def test_next_acceptance_order_counts_and_is_raised_by_explicit_orders() -> None:
+    coord = create_agent_coordinator()
+    assert [coord.next_acceptance_order() for _ in range(3)] == [1, 2, 3]
+    coord.reserve(T, acceptance_order=10)
+    assert coord.next_acceptance_order() == 11
+    coord.reserve(T, acceptance_order=5)  # a lower explicit order never lowers the counter
+    assert coord.next_acceptance_order() == 12
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.0, "1"])
+def test_bad_limit_leaves_state_unchanged(bad: Any) -> None:
+    coord = create_agent_coordinator(2)
+    with pytest.raises(InvalidArgumentError, match=r"^max_concurrency must be a positive integer$"):
+        coord.set_max_concurrency(bad)
+    assert coord.max_concurrency == 2
+    with pytest.raises(InvalidArgumentError):
+        coord.set_tuple_limit(T, bad)
+    assert coord.statistics().tuples == ()
+
+
+@pytest.mark.parametrize("bad", [("", "m"), ("p", ""), ("p\0", "m"), ("p",), "pm", None])
+def test_bad_tuple_everywhere(bad: Any) -> None:
+    coord = create_agent_coordinator()
+    message = r"^Model tuple provider and model must be nonempty and contain no NUL bytes$"
+    for call in (
+        lambda: coord.reserve(bad),
+        lambda: coord.close_tuple(bad),
+        lambda: coord.open_tuple(bad),
+        lambda: coord.is_tuple_open(bad),
+        lambda: coord.tuple_reopens_at(bad),
+        lambda: coord.set_tuple_limit(bad, 1),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            call()
+    assert coord.statistics() == CoordinatorStatistics(4, 0, 0, 0, 0, ())
+    assert coord.next_acceptance_order() == 1
+
+
+async def test_bad_acquire_arguments_raise_and_take_no_order() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator()
+        message = r"^acceptance_order must be a positive integer$"
+        bad: Any
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(InvalidArgumentError, match=message):
+                await coord.acquire(T, acceptance_order=bad)
+            with pytest.raises(InvalidArgumentError, match=message):
+                coord.reserve(T, acceptance_order=bad)
+        with pytest.raises(InvalidArgumentError):
+            await coord.acquire(("", "x"))
+        with pytest.raises(InvalidArgumentError):
+            await coord.acquire(T, reject_on_closed_tuple=1)  # type: ignore[arg-type]
+        assert coord.next_acceptance_order() == 1
+        assert_idle(coord)
+
+
+# -- acquire, release, hand-off -------------------------------------------------------------
+
+
+async def test_uncontended_acquire_and_release() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        permit = await coord.acquire(T)
+        assert (permit.held, permit.state, permit.tuple, permit.acceptance_order) == (
+            True,
+            "held",
+            T,
+            1,
+        )
+        assert coord.active_count == 1
+        permit.release()
+        permit.release()  # idempotent
+        assert (permit.held, permit.state) == (False, "released")
+        assert_idle(coord)
+
+
+async def test_release_hands_the_slot_directly_to_the_next_waiter() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            b = await start(tg, Holder(coord, "b", log))
+            assert (coord.active_count, coord.queued_count) == (1, 1)
+            assert a.permit is not None
+            a.permit.release()
+            # Granted inside release(): b owns the slot before it even runs, so a
+            # newcomer cannot barge in.
+            assert (coord.active_count, coord.queued_count) == (1, 0)
+            late = await start(tg, Holder(coord, "late", log))
+            assert log == ["a", "b"]
+            assert coord.queued_count == 1  # the newcomer waits behind b's slot
+            for h in (a, b, late):
+                h.done.set()
+        assert log == ["a", "b", "late"]
+        assert_idle(coord)
+
+
+async def test_waiters_are_served_by_acceptance_order_then_arrival() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            holders = {
+                h.name: await start(tg, h)
+                for h in (
+                    Holder(coord, "first", log),
+                    Holder(coord, "b5", log, acceptance_order=5),
+                    Holder(coord, "c3", log, acceptance_order=3),
+                    Holder(coord, "d3", log, acceptance_order=3),
+                    Holder(coord, "auto", log),  # order 6: after every order seen
+                )
+            }
+            assert coord.queued_count == 4
+            for _ in range(5):
+                holders[log[-1]].done.set()
+                await wait_all_tasks_blocked()
+        assert log == ["first", "c3", "d3", "b5", "auto"]
+        assert_idle(coord)
+
+
+async def test_cancelled_while_queued_is_removed() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            b = await start(tg, Holder(coord, "b", log))
+            c = await start(tg, Holder(coord, "c", log))
+            b.scope.cancel()
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            a.done.set()
+            await wait_all_tasks_blocked()
+            assert log == ["a", "c"]
+            c.done.set()
+        assert_idle(coord)
+
+
+async def test_cancel_in_the_tick_of_the_grant_hands_the_slot_on() -> None:
+    """Regression shape of asyncio's test_acquire_hang: cancelled, then granted, same tick."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            b = await start(tg, Holder(coord, "b", log))
+            c = await start(tg, Holder(coord, "c", log))
+            assert a.permit is not None
+            b.scope.cancel()  # the cancellation is on its way to b ...
+            a.permit.release()  # ... when the release grants b the slot
+            assert (coord.active_count, coord.queued_count) == (1, 1)
+            await wait_all_tasks_blocked()
+            assert b.scope.cancelled_caught
+            assert log == ["a", "c"]  # b handed the slot on to c
+            assert (coord.active_count, coord.queued_count) == (1, 0)
+            a.done.set()
+            c.done.set()
+        assert_idle(coord)
+
+
+async def test_cancel_right_after_the_grant_never_leaks() -> None:
+    """Granted first, cancelled in the same tick: b holds the slot until its next
+    checkpoint (where the cancellation lands) and then hands it on."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            b = await start(tg, Holder(coord, "b", log))
+            c = await start(tg, Holder(coord, "c", log))
+            assert a.permit is not None
+            a.permit.release()
+            b.scope.cancel()
+            await wait_all_tasks_blocked()
+            assert b.scope.cancelled_caught
+            assert log[-1] == "c"
+            assert (coord.active_count, coord.queued_count) == (1, 0)
+            a.done.set()
+            c.done.set()
+        assert_idle(coord)
+
+
+@pytest.mark.asyncio
+async def test_native_cancel_after_uncontended_grant_returns_the_slot() -> None:
+    """asyncio can cancel a task after its grant, at acquire's final checkpoint."""
+    async with asyncio.timeout(5):
+        coord = create_agent_coordinator(1)
+        task = asyncio.ensure_future(coord.acquire(T))
+        await asyncio.sleep(0)  # the task runs: granted at once, then yields
+        assert coord.active_count == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert_idle(coord)
+        assert coord.next_acceptance_order() == 2  # it had enqueued, so it took order 1
+
+
+@pytest.mark.asyncio
+async def test_native_cancel_after_contended_grant_hands_the_slot_on() -> None:
+    async with asyncio.timeout(5):
+        coord = create_agent_coordinator(1)
+        first = await coord.acquire(T)
+        second = asyncio.ensure_future(coord.acquire(T))
+        third = asyncio.ensure_future(coord.acquire(T))
+        await asyncio.sleep(0)
+        assert coord.queued_count == 2
+        first.release()  # grants `second` ...
+        second.cancel()  # ... which is cancelled before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        permit = await third
+        assert permit.acceptance_order == 3
+        permit.release()
+        assert_idle(coord)
+
+
+async def test_cancelled_before_enqueue_takes_no_order() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await coord.acquire(T)
+        assert coord.next_acceptance_order() == 1
+        assert_idle(coord)
+
+
+# -- permit(), run(), current_permit() -------------------------------------------------------------
+
+
+async def test_permit_is_current_in_body_and_child_tasks() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator()
+        assert current_permit() is None
+        seen: list[AgentPermit | None] = []
+
+        async def child() -> None:
+            seen.append(current_permit())
+
+        async with coord.permit(T) as permit:
+            assert current_permit() is permit
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+        assert seen == [permit]
+        assert current_permit() is None
+        assert permit.state == "released"
+        assert_idle(coord)
+
+
+async def test_run_returns_and_reraises() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator()
+
+        async def work() -> int:
+            permit = current_permit()
+            assert permit is not None
+            assert permit.held
+            return 42
+
+        assert await coord.run(T, work) == 42
+
+        async def boom() -> None:
+            raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            await coord.run(T, boom)
+        assert_idle(coord)
+
+
+async def test_run_does_not_start_work_when_acquire_fails() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator()
+        coord.close_tuple(T)
+        started: list[int] = []
+
+        async def work() -> None:
+            started.append(1)
+
+        with pytest.raises(TupleSuspendedError, match=SUSPENDED):
+            await coord.run(T, work, reject_on_closed_tuple=True)
+        assert started == []
+        # A refused call took no acceptance order.
+        assert coord.next_acceptance_order() == 1
+
+
+async def test_nested_coordinators_lend_their_own_permit() -> None:
+    with anyio.fail_after(5):
+        agents = create_agent_coordinator(1)
+        bash = create_agent_coordinator(1)
+        async with agents.permit(T) as agent_permit, bash.permit(T) as bash_permit:
+            assert current_permit() is bash_permit
+
+            async def wait() -> str:
+                assert agent_permit.state == "lent"
+                assert bash_permit.state == "held"
+                return "ok"
+
+            assert await agents.with_lent_permit(wait) == "ok"
+            assert agent_permit.held
+        assert_idle(agents)
+        assert_idle(bash)
+
+
+# -- tuple gates and caps --------------------------------------------------------------------------
+
+
+async def test_closed_tuple_is_skipped_without_blocking_others() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            coord.close_tuple(T)
+            assert not coord.is_tuple_open(T)
+            assert coord.tuple_reopens_at(T) is None
+            await start(tg, Holder(coord, "gated", log))
+            u = await start(tg, Holder(coord, "other", log, t=U))
+            assert a.permit is not None
+            assert a.permit.held  # running permits are untouched
+            a.done.set()
+            await wait_all_tasks_blocked()
+            assert log == ["a", "other"]
+            assert coord.statistics().tuples[1] == TupleStatistics(T, 0, 1, None, False, None)
+            coord.open_tuple(T)  # nothing is free yet: the gated waiter keeps its place
+            assert coord.queued_count == 1
+            u.done.set()
+            await wait_all_tasks_blocked()
+            assert log == ["a", "other", "gated"]
+            coord.open_tuple(T)  # opening an open tuple is fine
+            tg.cancel_scope.cancel()
+        assert_idle(coord)
+
+
+async def test_reject_on_closed_tuple() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            fg = await start(tg, Holder(coord, "fg", log, reject_on_closed_tuple=True))
+            bg = await start(tg, Holder(coord, "bg", log))
+            fg_res = coord.reserve(T, reject_on_closed_tuple=True)
+            bg_res = coord.reserve(T)
+            assert coord.queued_count == 4
+            coord.close_tuple(T)
+            await wait_all_tasks_blocked()
+            assert log == ["a", "fg!"]
+            assert isinstance(fg.error, TupleSuspendedError)
+            assert coord.queued_count == 2  # bg and bg_res keep waiting
+            with pytest.raises(TupleSuspendedError, match=SUSPENDED):
+                await fg_res.run(_noop)
+            with pytest.raises(TupleSuspendedError, match=SUSPENDED):
+                await coord.acquire(T, reject_on_closed_tuple=True)
+            with pytest.raises(TupleSuspendedError, match=SUSPENDED):
+                coord.reserve(T, reject_on_closed_tuple=True)
+            assert a.permit is not None
+            assert a.permit.held
+            coord.open_tuple(T)
+            a.done.set()
+            await wait_all_tasks_blocked()
+            assert log == ["a", "fg!", "bg"]
+            bg.done.set()
+            bg_res.cancel()
+        assert_idle(coord)
+
+
+async def _noop() -> None:
+    pass
+
+
+async def test_tuple_cap_skips_without_blocking_other_tuples() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(3)
+        coord.set_tuple_limit(T, 1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            b = await start(tg, Holder(coord, "b", log))
+            c = await start(tg, Holder(coord, "c", log, t=U))
+            assert log == ["a", "c"]
+            assert coord.statistics().tuples == (
+                TupleStatistics(ModelTuple(*U), 1, 0, None, True, None),
+                TupleStatistics(T, 1, 1, 1, True, None),
+            )
+            coord.set_tuple_limit(T, 2)  # raising the cap grants at once
+            assert coord.active_count == 3
+            await wait_all_tasks_blocked()
+            assert log == ["a", "c", "b"]
+            coord.set_tuple_limit(T, None)
+            for h in (a, b, c):
+                h.done.set()
+        assert_idle(coord)
+
+
+async def test_set_max_concurrency_grows_in_order_and_never_revokes() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            holders = [await start(tg, Holder(coord, f"h{i}", log)) for i in range(4)]
+            assert log == ["h0"]
+            coord.set_max_concurrency(3)
+            assert (coord.active_count, coord.queued_count) == (3, 1)
+            await wait_all_tasks_blocked()
+            assert sorted(log) == ["h0", "h1", "h2"]  # resumption order is the backend's
+            assert not holders[3].granted.is_set()
+            coord.set_max_concurrency(1)
+            assert coord.active_count == 3  # shrinking revokes nothing
+            holders[0].done.set()
+            holders[1].done.set()
+            await wait_all_tasks_blocked()
+            assert not holders[3].granted.is_set()  # still 1 active ≥ the new cap of 1
+            holders[2].done.set()
+            await wait_all_tasks_blocked()
+            assert log[-1] == "h3"
+            holders[3].done.set()
+        assert_idle(coord)
+
+
+# -- timed reopen ----------------------------------------------------------------------------------
+
+
+@MOCK_TRIO
+async def test_close_tuple_reopens_after_delay_on_mock_clock() -> None:
+    with anyio.fail_after(100):
+        coord = create_agent_coordinator(1)
+        start_time = anyio.current_time()
+        coord.close_tuple(T, reopen_after=10)
+        assert coord.tuple_reopens_at(T) == pytest.approx(start_time + 10)
+        coord.close_tuple(T, reopen_after=5)  # never shortens
+        assert coord.tuple_reopens_at(T) == pytest.approx(start_time + 10)
+        coord.close_tuple(T, reopen_after=20)  # a later time replaces it
+        assert coord.tuple_reopens_at(T) == pytest.approx(start_time + 20)
+        permit = await coord.acquire(T)  # waits for the reopen
+        assert anyio.current_time() == pytest.approx(start_time + 20)
+        assert coord.is_tuple_open(T)
+        assert coord.tuple_reopens_at(T) is None
+        permit.release()
+        assert_idle(coord)
+
+
+@MOCK_TRIO
+async def test_close_without_delay_cancels_the_timer() -> None:
+    with anyio.fail_after(100):
+        coord = create_agent_coordinator(1)
+        coord.close_tuple(T, reopen_after=1)
+        coord.close_tuple(T)
+        assert coord.tuple_reopens_at(T) is None
+        coord.close_tuple(T, reopen_after=1)  # would shorten an indefinite closure: ignored
+        assert coord.tuple_reopens_at(T) is None
+        await anyio.sleep(5)
+        assert not coord.is_tuple_open(T)
+        coord.open_tuple(T)
+        coord.close_tuple(T, reopen_after=1)
+        coord.open_tuple(T)  # cancels the timer
+        coord.close_tuple(T)
+        await anyio.sleep(5)
+        assert not coord.is_tuple_open(T)
+
+
+async def test_close_tuple_reopens_after_short_real_delay() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        coord.close_tuple(T, reopen_after=0.01)
+        permit = await coord.acquire(T)
+        assert coord.is_tuple_open(T)
+        permit.release()
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize("bad", [-1, math.inf, math.nan, True, "1"])
+async def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
+    coord = create_agent_coordinator()
+    with pytest.raises(InvalidArgumentError, match=r"^reopen_after must be"):
+        coord.close_tuple(T, reopen_after=bad)
+    assert coord.is_tuple_open(T)
+
+
+# -- lending ---------------------------------------------------------------------------------------
+
+
+async def test_lend_returns_the_slot_while_waiting() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            child_done = anyio.Event()
+
+            async def parent() -> str:
+                child = Holder(coord, "child", log)
+                tg.start_soon(child)
+
+                async def wait() -> str:
+                    await wait_all_tasks_blocked()
+                    permit = current_permit()
+                    assert permit is not None
+                    assert permit.state == "lent"
+                    assert log == ["child"]  # the child got the lent slot
+                    assert coord.statistics().lent == 1
+                    child.done.set()
+                    child_done.set()
+                    return "result"
+
+                return await coord.with_lent_permit(wait)
+
+            assert await coord.run(T, parent) == "result"
+            assert child_done.is_set()
+        assert_idle(coord)
+
+
+async def test_lend_without_permit_just_waits() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        assert await coord.with_lent_permit(_value(3)) == 3
+        async with coord.lending():
+            pass
+        assert_idle(coord)
+
+
+def _value(v: int) -> Callable[[], Awaitable[int]]:
+    async def wait() -> int:
+        return v
+
+    return wait
+
+
+async def test_lend_reraises_wait_error_after_reacquire() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.permit(T) as permit:
+
+            async def wait() -> None:
+                raise ValueError("child failed")
+
+            with pytest.raises(ValueError, match="child failed"):
+                await permit.lend(wait)
+            assert permit.held
+        assert_idle(coord)
+
+
+async def test_overlapping_lends_share_one_slot_and_last_reacquires() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.permit(T) as permit:
+            first_done = anyio.Event()
+            release_second = anyio.Event()
+            states: list[str] = []
+
+            async def first() -> None:
+                states.append(permit.state)
+
+            async def second() -> None:
+                await release_second.wait()
+
+            async def lend_first() -> None:
+                await permit.lend(first)
+                states.append(permit.state)  # returns while the other lend runs
+                first_done.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(permit.lend, second)
+                await wait_all_tasks_blocked()
+                assert (coord.active_count, coord.statistics().lent) == (0, 1)
+                tg.start_soon(lend_first)
+                await first_done.wait()
+                assert states == ["lent", "lent"]
+                assert coord.active_count == 0
+                release_second.set()
+            assert permit.held
+            assert coord.active_count == 1
+        assert_idle(coord)
+
+
+async def test_release_while_wait_runs_returns_result_without_reacquire() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        permit = await coord.acquire(T)
+
+        async def wait() -> str:
+            permit.release()
+            return "done"
+
+        assert await permit.lend(wait) == "done"
+        assert permit.state == "released"
+        assert_idle(coord)
+
+
+async def test_release_during_reacquire_fails_the_lend() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        permit = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            other = Holder(coord, "other", log)
+
+            async def wait() -> None:
+                await spawn(tg, other, granted=True)  # takes the lent slot
+
+            result: list[BaseException] = []
+
+            async def lend() -> None:
+                try:
+                    await permit.lend(wait)
+                except PermitReleasedError as exc:
+                    result.append(exc)
+
+            tg.start_soon(lend)
+            await wait_all_tasks_blocked()
+            assert permit.state == "lent"
+            assert coord.queued_count == 1  # the reacquire
+            permit.release()
+            await wait_all_tasks_blocked()
+            assert [str(e) for e in result] == ["Agent permit released while waiting to reacquire"]
+            other.done.set()
+        assert_idle(coord)
+
+
+async def test_release_after_reacquire_grant_before_resume_fails_the_lend() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        permit = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            other = Holder(coord, "other", log)
+
+            async def wait() -> None:
+                await spawn(tg, other, granted=True)
+
+            outcome: list[object] = []
+
+            async def lend() -> None:
+                try:
+                    await permit.lend(wait)
+                    outcome.append("returned")
+                except PermitReleasedError:
+                    outcome.append("released")
+
+            tg.start_soon(lend)
+            await wait_all_tasks_blocked()
+            assert other.permit is not None
+            other.permit.release()  # grants the reacquire synchronously
+            assert permit.state == "held"
+            permit.release()  # ... and the permit is released before the lend resumed
+            assert coord.active_count == 0
+            await wait_all_tasks_blocked()
+            assert outcome == ["released"]
+            other.done.set()
+        assert_idle(coord)
+
+
+async def test_cancel_during_reacquire_releases_the_permit() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        permit = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            other = Holder(coord, "other", log)
+            scope = anyio.CancelScope()
+            cancelled: list[bool] = []
+
+            async def lend() -> None:
+                with scope:
+                    await permit.lend(lambda: spawn(tg, other, granted=True))
+                cancelled.append(scope.cancelled_caught)
+
+            tg.start_soon(lend)
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            scope.cancel()
+            await wait_all_tasks_blocked()
+            assert cancelled == [True]
+            assert permit.state == "released"
+            assert coord.statistics().lent == 0
+            other.done.set()
+        assert_idle(coord)
+
+
+async def test_cancel_after_reacquire_grant_hands_the_slot_on() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        permit = await coord.acquire(T)
+        async with anyio.create_task_group() as tg:
+            other = Holder(coord, "other", log)
+            scope = anyio.CancelScope()
+
+            async def lend() -> None:
+                with scope:
+                    await permit.lend(lambda: spawn(tg, other, granted=True))
+
+            tg.start_soon(lend)
+            await wait_all_tasks_blocked()
+            third = await start(tg, Holder(coord, "third", log))
+            assert other.permit is not None
+            scope.cancel()  # the cancellation is on its way to the reacquire ...
+            other.permit.release()  # ... when it is granted (order 3 < third's 4)
+            assert permit.held
+            await wait_all_tasks_blocked()
+            assert permit.state == "released"
+            assert log == ["other", "third"]
+            third.done.set()
+            other.done.set()
+        assert_idle(coord)
+
+
+async def test_reacquire_bypasses_closed_gate_and_cap() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        coord.set_tuple_limit(T, 1)
+        async with coord.permit(T) as permit:
+
+            async def wait() -> None:
+                coord.close_tuple(T)
+
+            await permit.lend(wait)
+            assert permit.held
+            assert not coord.is_tuple_open(T)
+        coord.open_tuple(T)
+        coord.set_tuple_limit(T, None)
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("fresh", ["w", "p"]), ("original", ["p", "w"])])
+async def test_reacquire_order_follows_config(mode: str, expected: list[str]) -> None:
+    with anyio.fail_after(5):
+        config = CoordinatorConfig(max_concurrency=1, reacquire=mode)
+        coord = create_agent_coordinator(config=config)
+        log: list[str] = []
+        permit = await coord.acquire(T)  # order 1
+        async with anyio.create_task_group() as tg:
+            blocker = Holder(coord, "blocker", log)
+            waiter = Holder(coord, "w", log)
+
+            async def wait() -> None:
+                await spawn(tg, blocker, granted=True)  # order 2, takes the lent slot
+                await spawn(tg, waiter)  # order 3, waits
+
+            async def lend() -> None:
+                await permit.lend(wait)  # reacquire: order 4 (fresh) or 1 (original)
+                log.append("p")
+                permit.release()
+
+            tg.start_soon(lend)
+            await wait_all_tasks_blocked()
+            blocker.done.set()
+            await wait_all_tasks_blocked()
+            waiter.done.set()
+        assert log[1:] == expected
+        assert_idle(coord)
+
+
+async def test_lending_context_manager() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.permit(T) as permit:
+            async with coord.lending():
+                assert permit.state == "lent"
+                assert coord.active_count == 0
+            assert permit.held
+            with pytest.raises(KeyError):
+                async with coord.lending():
+                    raise KeyError("x")
+            assert permit.held
+        assert_idle(coord)
+
+
+async def test_lend_on_released_permit_just_waits() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        permit = await coord.acquire(T)
+        permit.release()
+        assert await permit.lend(_value(7)) == 7
+        assert_idle(coord)
+
+
+# -- reservations ----------------------------------------------------------------------------------
+
+
+async def test_reservation_is_inactive_until_activated() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        reservation = coord.reserve(T)
+        assert reservation.acceptance_order == 1
+        assert (coord.active_count, coord.queued_count) == (0, 1)
+        later = await coord.acquire(T)  # skips the inactive reservation
+        later.release()
+        reservation.activate()
+        assert (coord.active_count, coord.queued_count) == (1, 0)  # granted, unrun
+        reservation.activate()  # no-op now
+
+        async def work() -> str:
+            permit = current_permit()
+            assert permit is not None
+            assert permit.acceptance_order == 1
+            return "ran"
+
+        assert await reservation.run(work) == "ran"
+        with pytest.raises(
+            ReservationUsedError, match=r"^Agent reservation has already been used$"
+        ):
+            await reservation.run(work)
+        assert_idle(coord)
+
+
+async def test_activated_reservation_beats_later_work() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        log: list[str] = []
+        async with anyio.create_task_group() as tg:
+            a = await start(tg, Holder(coord, "a", log))
+            reservation = coord.reserve(T)  # order 2
+            await start(tg, Holder(coord, "b", log))  # order 3
+            reservation.activate()
+            a.done.set()
+            await wait_all_tasks_blocked()
+            assert log == ["a"]
+            assert coord.active_count == 1  # the reservation holds it, unrun
+            reservation.cancel()  # the unused slot goes on
+            await wait_all_tasks_blocked()
+            assert log == ["a", "b"]
+            with pytest.raises(ReservationCancelledError, match=r"^Agent reservation cancelled$"):
+                await reservation.run(_noop)
+            tg.cancel_scope.cancel()
+        assert_idle(coord)
+
+
+async def test_reservation_cancel_while_queued_with_reason() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        blocker = await coord.acquire(T)
+        reservation = coord.reserve(T)
+        async with anyio.create_task_group() as tg:
+            errors: list[BaseException] = []
+
+            async def run() -> None:
+                try:
+                    await reservation.run(_noop)
+                except LookupError as exc:
+                    errors.append(exc)
+
+            tg.start_soon(run)
+            await wait_all_tasks_blocked()
+            reason = LookupError("stopped")
+            reservation.cancel(reason)
+            reservation.cancel()  # no-op
+            await wait_all_tasks_blocked()
+            assert errors == [reason]
+        blocker.release()
+        assert_idle(coord)
+
+
+async def test_reservation_cancelled_before_run_raises_default_error() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        reservation = coord.reserve(T)
+        reservation.cancel()
+        assert coord.queued_count == 0
+        with pytest.raises(ReservationCancelledError):
+            await reservation.run(_noop)
+        with pytest.raises(ReservationUsedError):
+            await reservation.run(_noop)
+
+
+async def test_reservation_run_cancelled_while_queued_and_after_grant() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        blocker = await coord.acquire(T)
+        queued = coord.reserve(T)
+        granted = coord.reserve(T)
+        after = coord.reserve(T)
+        async with anyio.create_task_group() as tg:
+            s1, s2 = anyio.CancelScope(), anyio.CancelScope()
+
+            async def run(scope: anyio.CancelScope, r: Any) -> None:
+                with scope:
+                    await r.run(_noop)
+
+            tg.start_soon(run, s1, queued)
+            await wait_all_tasks_blocked()
+            s1.cancel()
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 2
+            tg.start_soon(run, s2, granted)
+            await wait_all_tasks_blocked()
+            after.activate()
+            blocker.release()  # grants `granted` ...
+            s2.cancel()  # ... cancelled before resuming: the slot goes to `after`
+            assert coord.active_count == 1
+            await wait_all_tasks_blocked()
+            assert coord.active_count == 1
+            after.cancel()
+        assert_idle(coord)
+
+
+# -- observing -------------------------------------------------------------------------------------
+
+
+async def test_statistics_and_subscribe() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        seen: list[CoordinatorStatistics] = []
+        got = anyio.Event()
+
+        def callback(stats: CoordinatorStatistics) -> None:
+            seen.append(stats)
+            got.set()
+
+        unsubscribe = coord.subscribe(callback)
+        coord.set_max_concurrency(3)
+        coord.close_tuple(T)
+        assert seen == []  # never inside the scheduling call
+        await got.wait()
+        assert seen[-1].max_concurrency == 3  # a burst: the latest state
+        assert not seen[-1].tuples[0].open
+        coord.open_tuple(T)
+        unsubscribe()
+        assert coord.statistics() == CoordinatorStatistics(3, 0, 0, 0, 0, ())
+        assert "0/3 active" in repr(coord)
+
+
+async def test_watch_yields_current_then_changes() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        iterator = coord.watch()
+        first = await iterator.__anext__()
+        assert first.active == 0
+        permit = await coord.acquire(T)
+        assert (await iterator.__anext__()).active == 1
+        permit.release()
+        await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def test_resident_count_is_published() -> None:
+    coord = create_agent_coordinator()
+
+    class Resident:
+        def stop(self) -> None:
+            pass
+
+        def dispose(self) -> None:
+            pass
+
+    unbind = coord.bind_resident("task", Resident())
+    assert coord.resident_count == 1
+    assert coord.statistics().residents == 1
+    unbind()
+    assert coord.resident_count == 0
