@@ -38,17 +38,18 @@ StatisticsCallback = Callable[[CoordinatorStatistics], object]
 
 
 def _current_loop() -> object | None:
-    """An identity for the running event loop (the trio token, or the asyncio loop)."""
+    """An identity for the running event loop (the asyncio loop, or the trio token)."""
+    # asyncio's non-raising lookup first: an exception per call would cost microseconds.
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop
     trio = sys.modules.get("trio")
     if trio is not None:
         try:
             return trio.lowlevel.current_trio_token()  # type: ignore[no-any-return]
         except RuntimeError:
             pass
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    return None
 
 
 @final
@@ -104,11 +105,13 @@ class UpdateHub:
     def notify(self) -> None:
         """Record a state change and schedule its delivery. Sync, O(1), never raises."""
         self._version += 1
-        changed, self._changed = self._changed, None
-        if changed is not None:
-            changed.set()
-        if not self._subscriptions:
-            return
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        if self._subscriptions:
+            self._schedule_delivery()
+
+    def _schedule_delivery(self) -> None:
         loop = _current_loop()
         if loop is None or loop is self._pending_on:
             return
