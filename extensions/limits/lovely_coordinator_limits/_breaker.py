@@ -10,7 +10,8 @@ An *episode* starts when a limit hits a tuple that has none:
 - closed: the gate is shut for ``reopen_after`` seconds and the tuple's cap set to 1, so
   that when the coordinator reopens the gate by itself exactly one request goes through;
 - half-open: the gate has reopened; the next request is the probe.
-  A success of a request that started after the reopen ends the episode: the old cap is
+  A success of a request that started after the last closure (so it was let through by
+  the reopened gate, not admitted before the trouble) ends the episode: the old cap is
   restored and the backoff forgotten. A limit closes the gate again, for longer.
 
 Limits reported while the gate is still closed come from requests that were already
@@ -54,13 +55,13 @@ class Restore:
 class Episode:
     """A tuple's trouble since its first limit.
 
-    Invariants: ``failures >= 1``; ``reopens_at`` is the gate's reopen time as last read
-    after a close (``None`` until then, or if the gate reported none).
+    Invariants: ``failures >= 1``; ``closed_at`` is the clock time of the last closure
+    applied (``None`` until the first is).
     """
 
     failures: int
     saved_limit: int | None
-    reopens_at: float | None = None
+    closed_at: float | None = None
 
 
 @final
@@ -96,11 +97,11 @@ class Breaker:
         backoff = self._backoff.delay(episode.failures - 1, self._rng)
         return Close(max(backoff, hinted or 0.0))
 
-    def closed(self, t: ModelTuple, reopens_at: float | None) -> None:
-        """Record the gate's reopen time after a :class:`Close` was applied."""
+    def closed(self, t: ModelTuple, at: float) -> None:
+        """Record that a :class:`Close` was applied at clock time ``at``."""
         episode = self._episodes.get(t)
         if episode is not None:
-            episode.reopens_at = reopens_at
+            episode.closed_at = at
 
     def on_success(
         self, t: ModelTuple, *, gate_open: bool, started_at: float | None
@@ -109,8 +110,8 @@ class Breaker:
         episode = self._episodes.get(t)
         if episode is None or not gate_open:
             return None
-        reopened = episode.reopens_at
-        if started_at is not None and reopened is not None and started_at < reopened:
-            return None  # admitted before the gate reopened: says nothing about recovery
+        closed_at = episode.closed_at
+        if started_at is not None and closed_at is not None and started_at < closed_at:
+            return None  # admitted before the closure: says nothing about recovery
         del self._episodes[t]
         return Restore(episode.saved_limit)

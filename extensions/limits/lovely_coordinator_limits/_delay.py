@@ -173,8 +173,9 @@ def retry_delay(source: object, *, now: datetime | None = None) -> float | None:
 
     Args:
         source: an exception carrying a ``response`` (openai/anthropic ``APIStatusError``,
-            ``httpx.HTTPStatusError``) and perhaps a decoded ``body``, or a response object
-            with ``headers`` (and, if it was read, ``content``).
+            ``httpx.HTTPStatusError``) and perhaps a decoded ``body``, an exception with
+            ``headers`` and a parsed ``retry_after`` (pydantic-ai's ``ModelHTTPError``), or a
+            response object with ``headers`` (and, if it was read, ``content``).
         now: the current time, for dates; defaults to the system clock.
 
     Returns:
@@ -186,6 +187,10 @@ def retry_delay(source: object, *, now: datetime | None = None) -> float | None:
         seconds = delay_from_headers(headers, now=now)
         if seconds is not None:
             return seconds
+    # pydantic-ai's ModelHTTPError carries the wait it already parsed.
+    parsed = getattr(source, "retry_after", None)
+    if isinstance(parsed, int | float) and not isinstance(parsed, bool) and math.isfinite(parsed):
+        return max(0.0, float(parsed))
     body = getattr(source, "body", None)
     if body is None:
         body = _read_content(response)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from random import Random
-from typing import TYPE_CHECKING, final
+from typing import final
 
-from lovely_coordinator import ModelTuple
+import anyio
+
+from lovely_coordinator import AgentCoordinator, ModelTuple
 
 from ._backoff import Backoff
 from ._breaker import PROBE_LIMIT, Breaker, Close
 from ._classify import is_provider_limit
 from ._delay import retry_delay
 from ._tuples import ModelTupleLike, as_model_tuple
-
-if TYPE_CHECKING:
-    from lovely_coordinator import AgentCoordinator
 
 __all__ = ["LimitState", "ProviderLimitHandler"]
 
@@ -28,12 +27,15 @@ class LimitState:
     Attributes:
         tuple: the model tuple.
         failures: limits that closed the gate in this episode (1 after the first).
-        reopens_at: the gate's reopen time (anyio clock) after the last closure, or ``None``.
+        closed_at: when the handler last closed the gate (anyio clock).
+        reopens_at: when the gate reopens by itself, or ``None`` if it is open (half-open:
+            the next request is the probe) or closed without a timer.
         saved_limit: the tuple cap that is restored when the episode ends.
     """
 
     tuple: ModelTuple
     failures: int
+    closed_at: float | None
     reopens_at: float | None
     saved_limit: int | None
 
@@ -124,8 +126,8 @@ class ProviderLimitHandler:
         Args:
             t: the model tuple.
             started_at: when the request started (``anyio.current_time()``). A request
-                admitted before the gate last reopened proves nothing and is ignored; pass
-                ``None`` if unknown.
+                admitted before the handler last closed the gate proves nothing and is
+                ignored; pass ``None`` if unknown.
 
         Raises:
             InvalidArgumentError: ``t`` is not a valid model tuple.
@@ -143,13 +145,14 @@ class ProviderLimitHandler:
         episode = self._breaker.episode(t)
         if episode is None:
             return None
-        return LimitState(t, episode.failures, episode.reopens_at, episode.saved_limit)
+        reopens_at = self._coordinator.tuple_reopens_at(t)
+        return LimitState(t, episode.failures, episode.closed_at, reopens_at, episode.saved_limit)
 
     def _apply(self, t: ModelTuple, decision: Close) -> None:
         coordinator = self._coordinator
         coordinator.set_tuple_limit(t, PROBE_LIMIT)
         coordinator.close_tuple(t, reopen_after=decision.reopen_after)
-        self._breaker.closed(t, coordinator.tuple_reopens_at(t))
+        self._breaker.closed(t, anyio.current_time())
 
     def _tuple_limit(self, t: ModelTuple) -> int | None:
         # The public API has no per-tuple getter for the cap; the statistics snapshot lists

@@ -34,6 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _GEMINI_PREFIX = "/v1beta/models/"
+_ALL = "\0all"  # the in-flight key counting every model (no model name contains NUL)
 
 
 @final
@@ -89,10 +90,18 @@ class FakeProvider:
         with self._lock:
             return [s for s in self._seen if model is None or s.model == model]
 
-    def peak_in_flight(self, model: str) -> int:
-        """The most requests for ``model`` that were being answered at the same time."""
+    def peak_in_flight(self, model: str | None = None) -> int:
+        """The most requests (for ``model``, or in all) that were answered at the same time."""
         with self._lock:
-            return self._peak[model]
+            return self._peak[model if model is not None else _ALL]
+
+    def forgive(self, model: str | None = None) -> None:
+        """Drop the refusals still scripted (for ``model``, or for every model)."""
+        with self._lock:
+            if model is None:
+                self._scripts.clear()
+            else:
+                self._scripts.pop(model, None)
 
     def reset(self) -> None:
         """Forget scripts and records."""
@@ -116,8 +125,9 @@ class FakeProvider:
             refusal = queue.popleft() if queue else None
             status = refusal.status if refusal is not None else 200
             self._seen.append(Seen(api, model, stream, status))
-            self._in_flight[model] += 1
-            self._peak[model] = max(self._peak[model], self._in_flight[model])
+            for key in (model, _ALL):
+                self._in_flight[key] += 1
+                self._peak[key] = max(self._peak[key], self._in_flight[key])
         try:
             if refusal is not None:
                 error = refusal.body if refusal.body is not None else _error_body(api, refusal)
@@ -129,6 +139,7 @@ class FakeProvider:
         finally:
             with self._lock:
                 self._in_flight[model] -= 1
+                self._in_flight[_ALL] -= 1
 
 
 @contextmanager

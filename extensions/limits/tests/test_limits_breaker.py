@@ -25,7 +25,7 @@ times = st.none() | st.floats(0.0, 1000.0)
 class Expected:
     failures: int
     saved: int | None
-    reopens_at: float | None = None
+    closed_at: float | None = None
 
 
 class BreakerMachine(RuleBasedStateMachine):
@@ -59,11 +59,11 @@ class BreakerMachine(RuleBasedStateMachine):
             floor = (1 - BACKOFF.jitter) * BACKOFF.nominal(expected.failures - 1)
             assert decision.reopen_after >= max(floor, clipped or 0.0)
 
-    @rule(t=st.sampled_from(TUPLES), reopens_at=times)
-    def closed(self, t: ModelTuple, reopens_at: float | None) -> None:
-        self.breaker.closed(t, reopens_at)
+    @rule(t=st.sampled_from(TUPLES), at=st.floats(0.0, 1000.0))
+    def closed(self, t: ModelTuple, at: float) -> None:
+        self.breaker.closed(t, at)
         if t in self.model:
-            self.model[t].reopens_at = reopens_at
+            self.model[t].closed_at = at
 
     @rule(t=st.sampled_from(TUPLES), gate_open=st.booleans(), started_at=times)
     def success(self, t: ModelTuple, gate_open: bool, started_at: float | None) -> None:
@@ -73,9 +73,7 @@ class BreakerMachine(RuleBasedStateMachine):
             expected is not None
             and gate_open
             and (
-                started_at is None
-                or expected.reopens_at is None
-                or started_at >= expected.reopens_at
+                started_at is None or expected.closed_at is None or started_at >= expected.closed_at
             )
         )
         if not proves:
@@ -96,7 +94,7 @@ class BreakerMachine(RuleBasedStateMachine):
                 assert episode is not None
                 assert episode.failures == expected.failures >= 1
                 assert episode.saved_limit == expected.saved
-                assert episode.reopens_at == expected.reopens_at
+                assert episode.closed_at == expected.closed_at
 
 
 TestBreakerMachine = BreakerMachine.TestCase
@@ -115,14 +113,14 @@ def test_escalation_doubles_without_jitter() -> None:
     assert breaker.on_limit(t, hint=1e9, gate_open=True, current_limit=1) == Close(100.0)
 
 
-def test_success_before_reopen_is_ignored() -> None:
+def test_success_of_a_request_admitted_before_the_closure_is_ignored() -> None:
     breaker = Breaker(BACKOFF, Random(0))
     t = TUPLES[1]
     breaker.on_limit(t, hint=5.0, gate_open=True, current_limit=3)
-    breaker.closed(t, 105.0)
+    breaker.closed(t, 100.0)
     assert breaker.on_success(t, gate_open=False, started_at=110.0) is None
     assert breaker.on_success(t, gate_open=True, started_at=99.0) is None
-    assert breaker.on_success(t, gate_open=True, started_at=105.0) == Restore(3)
+    assert breaker.on_success(t, gate_open=True, started_at=100.0) == Restore(3)
     assert breaker.episode(t) is None
     assert breaker.on_success(t, gate_open=True, started_at=None) is None
 
