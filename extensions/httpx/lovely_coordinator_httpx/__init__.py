@@ -11,4 +11,4 @@ from ._tuples import DEFAULT_PROVIDERS as DEFAULT_PROVIDERS
 from ._tuples import TupleFor as TupleFor
 from ._tuples import tuple_for_request as tuple_for_request
 
-__all__ = ["DEFAULT_PROVIDERS", "CoordinatedTransport", "TupleFor", "tuple_for_request"]
+__all__ = ["CoordinatedTransport", "DEFAULT_PROVIDERS", "TupleFor", "tuple_for_request"]

@@ -434,3 +434,33 @@ async def test_a_429_storm_on_three_tuples_leaves_the_others_flowing(
         assert stats.active == 0
         assert stats.queued == 0
         assert all(e.open and e.limit is None for e in stats.tuples)
+
+
+async def test_a_custom_mapping_and_a_billing_refusal(provider: FakeProvider, url: str) -> None:
+    with anyio.fail_after(10):
+        coordinator = create_agent_coordinator(2)
+        seen: list[str] = []
+
+        def by_header(request: httpx2.Request) -> tuple[str, str] | None:
+            seen.append(request.url.path)
+            team = request.headers.get("x-team")
+            return None if team is None else ("team", team)
+
+        transport = CoordinatedTransport(
+            coordinator, handler=ProviderLimitHandler(coordinator), tuple_for=by_header
+        )
+        body = {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "Your credit balance is too low"},
+        }
+        provider.script("claude-test", Refuse(400, body=body))
+        async with httpx2.AsyncClient(transport=transport) as http:
+            payload = {"model": "claude-test", "max_tokens": 1, "messages": []}
+            response = await http.post(f"{url}/v1/messages", json=payload, headers={"x-team": "a"})
+            assert response.status_code == 400
+            # No x-team header: sent without a permit and without a tuple to close.
+            response = await http.post(f"{url}/v1/messages", json=payload)
+            assert response.status_code == 200
+        assert seen == ["/v1/messages", "/v1/messages"]
+        assert not coordinator.is_tuple_open(("team", "a"))
+        assert coordinator.statistics().active == 0
