@@ -143,9 +143,10 @@ class _PermitStream(httpx2.AsyncByteStream):
         self._stream = stream
         self._permit = permit
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # The wrapped stream's own iterator: no generator of ours in the chain, so nothing
+        # extra to finalize when a reader abandons the body half-way.
+        return self._stream.__aiter__()
 
     async def aclose(self) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -28,10 +29,15 @@ pytestmark = pytest.mark.anyio
 
 PROVIDERS = {"127.0.0.1": "local"}
 
-# The openai SDK stops reading its SSE generators at [DONE] without closing them; on trio
-# their finalizer then warns (asyncio stays silent). That is the SDK's leak, not ours.
+# The openai SDK iterates its SSE stream through a chain of async generators (its own,
+# httpx2's, httpcore2's) and stops at [DONE], or on cancellation, without closing them; on
+# trio their finalizer then warns (asyncio stays silent). The transport adds no generator
+# of its own to that chain. The tests collect garbage before they end, so the warnings
+# land in the test that is filtered and not in a later one.
 openai_sse_on_trio = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object (SSEDecoder|AsyncStream)\.:"
+    r"ignore:Exception ignored in. <async_generator object "
+    r"(SSEDecoder|AsyncStream|Response|AsyncHTTP11Connection|HTTP11ConnectionByteStream"
+    r"|PoolByteStream|AsyncResponseStream|BoundAsyncStream)\.:"
     "pytest.PytestUnraisableExceptionWarning"
 )
 
@@ -172,6 +178,8 @@ async def test_openai_stream_holds_the_permit_until_closed(
                     pieces.append(chunk.choices[0].delta.content or "")
             assert "".join(pieces) == "ok"
             assert coordinator.active_count == 0
+        del stream, chunk
+        gc.collect()
 
 
 async def test_anthropic_stream_holds_the_permit_until_closed(
@@ -214,6 +222,8 @@ async def test_a_stream_abandoned_by_cancellation_releases_its_permit(
             assert coordinator.active_count == 0
             # The slot really is free: the next request gets it.
             assert await _chat(client, "gpt-test") == "ok"
+        del stream
+        gc.collect()
 
 
 async def test_a_request_cancelled_while_queued_leaves_no_trace(
