@@ -14,7 +14,13 @@ from lovely_coordinator_limits import (
     retry_delay,
 )
 
-from lovely_coordinator import AgentCoordinator, AgentPermit, current_permit, get_agent_coordinator
+from lovely_coordinator import (
+    AgentCoordinator,
+    AgentPermit,
+    ModelTuple,
+    current_permit,
+    get_agent_coordinator,
+)
 
 from ._tuples import DEFAULT_PROVIDERS, TupleFor, tuple_for_request
 
@@ -106,21 +112,24 @@ class CoordinatedTransport(httpx2.AsyncBaseTransport):
         started_at = anyio.current_time()
         try:
             response = await self._transport.handle_async_request(request)
-            if response.status_code in _CLIENT_ERRORS:
-                # Error bodies are small; reading one closes it, so the permit goes below.
-                await response.aread()
-                if is_limit_status(response.status_code, response.text):
-                    self._handler.report_limit(t, retry_after=retry_delay(response))
-            elif response.status_code < 400:
-                self._handler.report_success(t, started_at=started_at)
-        except Exception as exc:
-            self._handler.observe(t, exc)
-            if permit is not None:
-                permit.release()
+        except BaseException as exc:
+            try:
+                if isinstance(exc, Exception):
+                    self._handler.observe(t, exc, started_at=started_at)
+            finally:
+                if permit is not None:
+                    permit.release()
             raise
+        try:
+            await self._inspect(t, response, started_at)
         except BaseException:
-            if permit is not None:
-                permit.release()
+            try:
+                # Shielded: a cancelled caller still hands the connection back to the pool.
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+            finally:
+                if permit is not None:
+                    permit.release()
             raise
         if permit is not None:
             stream = response.stream
@@ -129,6 +138,18 @@ class CoordinatedTransport(httpx2.AsyncBaseTransport):
             else:
                 response.stream = _PermitStream(stream, permit)
         return response
+
+    async def _inspect(self, t: ModelTuple, response: httpx2.Response, started_at: float) -> None:
+        """Report the response's status to the limit handler."""
+        status = response.status_code
+        if status in _CLIENT_ERRORS:
+            # Error bodies are small; reading one closes it (the permit then goes at once).
+            await response.aread()
+            if is_limit_status(status, response.text):
+                delay = retry_delay(response)
+                self._handler.report_limit(t, retry_after=delay, started_at=started_at)
+        elif status < 400:
+            self._handler.report_success(t, started_at=started_at)
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""

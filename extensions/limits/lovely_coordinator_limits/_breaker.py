@@ -14,8 +14,9 @@ An *episode* starts when a limit hits a tuple that has none:
   the reopened gate, not admitted before the trouble) ends the episode: the old cap is
   restored and the backoff forgotten. A limit closes the gate again, for longer.
 
-Limits reported while the gate is still closed come from requests that were already
-running; they can extend the closure with a later server hint but never escalate it.
+Limits reported while the gate is still closed, or by requests that started before the
+last closure, come from requests that were already running; they can extend the closure
+with a later server hint but never escalate it.
 """
 
 from __future__ import annotations
@@ -79,16 +80,26 @@ class Breaker:
         return self._episodes.get(t)
 
     def on_limit(
-        self, t: ModelTuple, *, hint: float | None, gate_open: bool, current_limit: int | None
+        self,
+        t: ModelTuple,
+        *,
+        hint: float | None,
+        gate_open: bool,
+        current_limit: int | None,
+        started_at: float | None = None,
     ) -> Close | None:
-        """A request on ``t`` hit a provider limit; ``hint`` is the server's wait, if any."""
+        """A request on ``t`` hit a provider limit; ``hint`` is the server's wait, if any.
+
+        ``started_at`` (when known) tells a request admitted before the last closure, whose
+        limit says nothing about the probe, from the probe itself.
+        """
         cap = self._backoff.max_delay
         hinted = None if hint is None else min(max(hint, 0.0), cap)
         episode = self._episodes.get(t)
         if episode is None:
             self._episodes[t] = Episode(failures=1, saved_limit=current_limit)
             return Close(hinted if hinted is not None else self._backoff.delay(0, self._rng))
-        if not gate_open:
+        if not gate_open or _before(started_at, episode.closed_at):
             # A request admitted before the closure: a fresh server hint may push the
             # reopen later (the coordinator never shortens a closure), nothing more.
             return None if hinted is None else Close(hinted)
@@ -110,8 +121,12 @@ class Breaker:
         episode = self._episodes.get(t)
         if episode is None or not gate_open:
             return None
-        closed_at = episode.closed_at
-        if started_at is not None and closed_at is not None and started_at < closed_at:
+        if _before(started_at, episode.closed_at):
             return None  # admitted before the closure: says nothing about recovery
         del self._episodes[t]
         return Restore(episode.saved_limit)
+
+
+def _before(started_at: float | None, closed_at: float | None) -> bool:
+    """Whether a request that started at ``started_at`` was admitted before the closure."""
+    return started_at is not None and closed_at is not None and started_at < closed_at

@@ -76,8 +76,15 @@ class ProviderLimitHandler:
         """The coordinator whose gates this handler closes."""
         return self._coordinator
 
-    def observe(self, t: ModelTupleLike, error: BaseException, /) -> bool:
+    def observe(
+        self, t: ModelTupleLike, error: BaseException, /, *, started_at: float | None = None
+    ) -> bool:
         """Report a failed request on ``t``; close its gate if ``error`` is a provider limit.
+
+        Args:
+            t: the model tuple.
+            error: what the request raised.
+            started_at: when the request started (see :meth:`report_limit`).
 
         Returns:
             Whether ``error`` was a provider limit.
@@ -88,17 +95,26 @@ class ProviderLimitHandler:
         t = as_model_tuple(t)
         if not is_provider_limit(error):
             return False
-        self.report_limit(t, retry_after=retry_delay(error))
+        self.report_limit(t, retry_after=retry_delay(error), started_at=started_at)
         return True
 
     def report_limit(
-        self, t: ModelTupleLike, /, *, retry_after: float | None = None
+        self,
+        t: ModelTupleLike,
+        /,
+        *,
+        retry_after: float | None = None,
+        started_at: float | None = None,
     ) -> float | None:
         """Report that a request on ``t`` hit a provider limit.
 
         Args:
             t: the model tuple.
             retry_after: the server's requested wait in seconds, if it gave one.
+            started_at: when the request started (``anyio.current_time()``), if known. A
+                request admitted before the handler last closed the gate was not the
+                half-open probe: its limit can push the reopen later but does not count
+                as a failed probe.
 
         Returns:
             The closure applied, in seconds, or ``None`` when the gate was already closed
@@ -114,6 +130,7 @@ class ProviderLimitHandler:
             hint=retry_after,
             gate_open=coordinator.is_tuple_open(t),
             current_limit=self._tuple_limit(t),
+            started_at=started_at,
         )
         if decision is None:
             return None

@@ -34,15 +34,34 @@ class BreakerMachine(RuleBasedStateMachine):
         self.breaker = Breaker(BACKOFF, Random(0))
         self.model: dict[ModelTuple, Expected] = {}
 
-    @rule(t=st.sampled_from(TUPLES), hint=hints, gate_open=st.booleans(), current=limits)
+    @rule(
+        t=st.sampled_from(TUPLES),
+        hint=hints,
+        gate_open=st.booleans(),
+        current=limits,
+        started_at=times,
+    )
     def limit(
-        self, t: ModelTuple, hint: float | None, gate_open: bool, current: int | None
+        self,
+        t: ModelTuple,
+        hint: float | None,
+        gate_open: bool,
+        current: int | None,
+        started_at: float | None,
     ) -> None:
         expected = self.model.get(t)
-        decision = self.breaker.on_limit(t, hint=hint, gate_open=gate_open, current_limit=current)
+        decision = self.breaker.on_limit(
+            t, hint=hint, gate_open=gate_open, current_limit=current, started_at=started_at
+        )
         clipped = None if hint is None else min(max(hint, 0.0), BACKOFF.max_delay)
         if decision is not None:
             assert 0.0 <= decision.reopen_after <= BACKOFF.max_delay
+        straggler = (
+            expected is not None
+            and started_at is not None
+            and expected.closed_at is not None
+            and started_at < expected.closed_at
+        )
         if expected is None:
             assert isinstance(decision, Close)
             if clipped is not None:
@@ -50,8 +69,8 @@ class BreakerMachine(RuleBasedStateMachine):
             else:
                 assert 0.5 <= decision.reopen_after <= 1.0
             self.model[t] = Expected(failures=1, saved=current)
-        elif not gate_open:
-            # Still closed: a straggler may extend with a hint but never escalates.
+        elif not gate_open or straggler:
+            # Still closed, or admitted before the closure: a hint may extend, never escalate.
             assert decision == (None if clipped is None else Close(clipped))
         else:
             expected.failures += 1
@@ -111,6 +130,23 @@ def test_escalation_doubles_without_jitter() -> None:
     assert breaker.on_limit(t, hint=30.0, gate_open=True, current_limit=1) == Close(30.0)
     assert breaker.on_limit(t, hint=0.1, gate_open=True, current_limit=1) == Close(16.0)
     assert breaker.on_limit(t, hint=1e9, gate_open=True, current_limit=1) == Close(100.0)
+
+
+def test_a_limit_of_a_request_admitted_before_the_closure_does_not_escalate() -> None:
+    breaker = Breaker(Backoff(base=1.0, max_delay=100.0, jitter=0.0), Random(0))
+    t = TUPLES[0]
+    breaker.on_limit(t, hint=None, gate_open=True, current_limit=None)
+    breaker.closed(t, 50.0)
+    assert breaker.on_limit(t, hint=None, gate_open=True, current_limit=1, started_at=49.0) is None
+    assert breaker.on_limit(t, hint=9.0, gate_open=True, current_limit=1, started_at=49.0) == Close(
+        9.0
+    )
+    episode = breaker.episode(t)
+    assert episode is not None
+    assert episode.failures == 1
+    assert breaker.on_limit(
+        t, hint=None, gate_open=True, current_limit=1, started_at=50.0
+    ) == Close(2.0)
 
 
 def test_success_of_a_request_admitted_before_the_closure_is_ignored() -> None:

@@ -122,6 +122,6 @@ class CoordinatedModel(WrapperModel):
             try:
                 yield
             except Exception as exc:
-                self.handler.observe(t, exc)
+                self.handler.observe(t, exc, started_at=started_at)
                 raise
             self.handler.report_success(t, started_at=started_at)
