@@ -4,16 +4,39 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import httpx2
 from lovely_coordinator_limits import ModelTupleLike
 
 from lovely_coordinator import ModelTuple
 
-__all__ = ["DEFAULT_PROVIDERS", "TupleFor", "tuple_for_request"]
+__all__ = ["DEFAULT_PROVIDERS", "RequestLike", "TupleFor", "tuple_for_request"]
 
 TupleFor = Callable[[httpx2.Request], ModelTupleLike | None]
 """Maps a request to its model tuple, or ``None`` to send it without a permit."""
+
+
+class _URLLike(Protocol):
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+
+class RequestLike(Protocol):
+    """What the default mapping reads of a request (an ``httpx2`` or ``httpx`` ``Request``)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def url(self) -> _URLLike: ...
+
+    @property
+    def content(self) -> bytes: ...
+
 
 DEFAULT_PROVIDERS: Mapping[str, str] = {
     "api.openai.com": "openai",
@@ -33,7 +56,7 @@ _MODELS_SEGMENT = "/models/"
 
 
 def tuple_for_request(
-    request: httpx2.Request, providers: Mapping[str, str] = DEFAULT_PROVIDERS
+    request: RequestLike, providers: Mapping[str, str] = DEFAULT_PROVIDERS
 ) -> ModelTuple | None:
     """The default mapping: provider from the host, model from the JSON body or the path.
 
@@ -46,9 +69,7 @@ def tuple_for_request(
         files, ...): such requests are sent without a permit.
     """
     host = request.url.host
-    if not host:
-        return None
-    if request.method != "POST":
+    if not host or request.method != "POST":
         return None
     model = _model_from_body(request) or _model_from_path(request.url.path)
     if not model:
@@ -60,10 +81,10 @@ def tuple_for_request(
         return None
 
 
-def _model_from_body(request: httpx2.Request) -> str | None:
+def _model_from_body(request: RequestLike) -> str | None:
     try:
         content = request.content
-    except httpx2.RequestNotRead:  # a streaming upload: no JSON to look into
+    except Exception:  # RequestNotRead (of either httpx): a streaming upload, no JSON
         return None
     # Cheap rejection of uploads and other non-JSON bodies before parsing.
     if content[:1] not in _JSON_OBJECT_STARTS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +15,7 @@ import openai
 import pytest
 from lovely_coordinator_httpx import CoordinatedTransport
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
-from lovely_coordinator_limits.testing import FakeProvider, Refuse, serve
+from lovely_coordinator_limits.testing import FakeProvider, Refuse
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -40,24 +40,6 @@ openai_sse_on_trio = pytest.mark.filterwarnings(
     r"|PoolByteStream|AsyncResponseStream|BoundAsyncStream)\.:"
     "pytest.PytestUnraisableExceptionWarning"
 )
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[FakeProvider, str]]:
-    provider = FakeProvider()
-    with serve(provider) as url:
-        yield provider, url
-
-
-@pytest.fixture
-def provider(served: tuple[FakeProvider, str]) -> FakeProvider:
-    served[0].reset()
-    return served[0]
-
-
-@pytest.fixture
-def url(served: tuple[FakeProvider, str]) -> str:
-    return served[1]
 
 
 def _transport(
