@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from random import Random
 from typing import final
 
 import anyio
 
-from lovely_coordinator import AgentCoordinator, ModelTuple
+from lovely_coordinator import AgentCoordinator, InvalidArgumentError, ModelTuple
 
 from ._backoff import Backoff
 from ._breaker import PROBE_LIMIT, Breaker, Close
@@ -17,6 +18,8 @@ from ._delay import retry_delay
 from ._tuples import ModelTupleLike, as_model_tuple
 
 __all__ = ["LimitState", "ProviderLimitHandler"]
+
+_RETRY_AFTER_MESSAGE = "retry_after must be a finite number of seconds >= 0 or None"
 
 
 @final
@@ -121,9 +124,12 @@ class ProviderLimitHandler:
             for this episode and nothing changed.
 
         Raises:
-            InvalidArgumentError: ``t`` is not a valid model tuple.
+            InvalidArgumentError: ``t`` is not a valid model tuple, or ``retry_after`` is
+                not a finite number ≥ 0.
         """
         t = as_model_tuple(t)
+        if retry_after is not None and not _is_delay(retry_after):
+            raise InvalidArgumentError(_RETRY_AFTER_MESSAGE)
         coordinator = self._coordinator
         decision = self._breaker.on_limit(
             t,
@@ -167,8 +173,8 @@ class ProviderLimitHandler:
 
     def _apply(self, t: ModelTuple, decision: Close) -> None:
         coordinator = self._coordinator
-        coordinator.set_tuple_limit(t, PROBE_LIMIT)
         coordinator.close_tuple(t, reopen_after=decision.reopen_after)
+        coordinator.set_tuple_limit(t, PROBE_LIMIT)
         self._breaker.closed(t, anyio.current_time())
 
     def _tuple_limit(self, t: ModelTuple) -> int | None:
@@ -179,3 +185,12 @@ class ProviderLimitHandler:
                 limit: int | None = entry.limit
                 return limit
         return None
+
+
+def _is_delay(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )

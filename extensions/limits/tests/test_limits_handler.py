@@ -203,3 +203,16 @@ async def test_bad_tuples_change_nothing() -> None:
         handler.observe(("", "x"), TimeoutError())
     assert coordinator.statistics().tuples == ()
     assert handler.coordinator is coordinator
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True])
+async def test_bad_waits_change_nothing(bad: float) -> None:
+    coordinator = create_agent_coordinator(4)
+    handler = _handler(coordinator)
+    message = r"^retry_after must be a finite number of seconds >= 0 or None$"
+    with pytest.raises(InvalidArgumentError, match=message):
+        handler.report_limit(T, retry_after=bad)
+    assert handler.state(T) is None
+    assert coordinator.is_tuple_open(T)
+    assert coordinator.statistics().tuples == ()

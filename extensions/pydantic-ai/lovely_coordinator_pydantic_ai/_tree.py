@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -63,6 +64,8 @@ _session: ContextVar[str | None] = ContextVar(
 )
 
 Route = Callable[[ParentNotification], object]
+
+_log = logging.getLogger("lovely_coordinator_pydantic_ai")
 
 
 def current_session() -> str | None:
@@ -183,8 +186,10 @@ class ChildAgent:
     async def _live(self, prompt: str) -> None:
         token = _session.set(self.session_id)
         try:
-            self.input(prompt)
             async with self._inbox:
+                if self.dispose_event.is_set():
+                    return  # disposed before this task even started
+                await self._turn(prompt)
                 async for next_prompt in self._inbox:
                     await self._turn(next_prompt)
         finally:
@@ -208,12 +213,13 @@ class ChildAgent:
         if scope.cancelled_caught:
             error = ChildStoppedError("Sub-agent was stopped before it answered")
         self._turns += 1
-        if first:
+        if first and not self._first.is_set():  # dispose() may have settled it already
             self._first_output, self._first_error = output, error
             self._first.set()
             if self._awaited:
                 return  # the waiting parent receives it directly
-        await self._tree._deliver(self, error if error is not None else output)
+        if not self.dispose_event.is_set():
+            await self._tree._deliver(self, error if error is not None else output)
 
 
 @final
@@ -428,9 +434,13 @@ class AgentTree:
         if route is None:
             self._undelivered.append(notification)
             return
-        outcome = route(notification)
-        if inspect.isawaitable(outcome):
-            await outcome
+        try:
+            outcome = route(notification)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            # A broken route must not take the child (or the whole tree) down with it.
+            _log.exception("notification route of %s failed", child.parent_id)
 
 
 def _steer_into(child: ChildAgent) -> Route:

@@ -12,6 +12,7 @@ import pytest
 from lovely_coordinator_pydantic_ai import (
     AgentTree,
     ChildAgent,
+    ChildDisposedError,
     ChildStoppedError,
     SpawnRefusedError,
     current_session,
@@ -304,4 +305,88 @@ async def test_stopping_a_child_fails_its_waiting_parent() -> None:
             assert len(outcome) == 1
             assert resident.turns == 1
             assert coordinator.get_resident(resident.session_id) is resident
+        assert coordinator.statistics().active == 0
+
+
+def _starter(
+    tree: AgentTree, child: Agent[None, str], started: list[ChildAgent]
+) -> Agent[None, str]:
+    """A root agent that starts one detached child and answers 'started'."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if _tool_returns(messages):
+            return ModelResponse(parts=[TextPart("started")])
+        return ModelResponse(parts=[ToolCallPart("start", {"task": "job"})])
+
+    root = Agent(tree.wrap(FunctionModel(respond, model_name="root")))
+
+    @root.tool_plain
+    async def start(task: str) -> str:
+        started.append(tree.start(child, task))
+        return started[-1].session_id
+
+    return root
+
+
+@pytest.mark.asyncio
+async def test_results_without_a_route_are_kept_and_a_broken_route_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        started: list[ChildAgent] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child")))
+            await tree.run(_starter(tree, child, started), "go", session_id="no-route")
+            await started[0].result()
+            await anyio.wait_all_tasks_blocked()
+            (kept,) = tree.undelivered()
+            assert (kept.task_ref, kept.content) == (started[0].session_id, "child:job#1")
+
+            broken_called = anyio.Event()
+
+            def broken(notification: ParentNotification) -> None:
+                broken_called.set()
+                raise RuntimeError("the UI is gone")
+
+            unbind = coordinator.bind_notification_route("broken", broken)
+            await tree.run(_starter(tree, child, started), "go", session_id="broken")
+            await broken_called.wait()
+            await anyio.wait_all_tasks_blocked()
+            unbind()
+            # The child survived its parent's broken route and still takes follow-ups.
+            assert started[1].dispose_event.is_set() is False
+        assert "notification route of broken failed" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_child_disposed_before_it_starts_never_runs() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        calls: list[SessionContext | None] = []
+        started: list[ChildAgent] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child", calls)))
+
+            def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                if _tool_returns(messages):
+                    return ModelResponse(parts=[TextPart("done")])
+                return ModelResponse(parts=[ToolCallPart("start_and_drop", {"task": "never"})])
+
+            root = Agent(tree.wrap(FunctionModel(respond, model_name="root")))
+
+            @root.tool_plain
+            async def start_and_drop(task: str) -> str:
+                started.append(tree.start(child, task))
+                started[-1].dispose()  # before its task has had a chance to run
+                return "dropped"
+
+            assert await tree.run(root, "go", session_id="root") == "done"
+            (dropped,) = started
+            with pytest.raises(ChildStoppedError, match=r"^Sub-agent was disposed before"):
+                await dropped.result()
+            assert coordinator.get_resident(dropped.session_id) is None
+            with pytest.raises(ChildDisposedError, match=r"^Sub-agent has been disposed$"):
+                dropped.input("too late")
+        assert calls == []
         assert coordinator.statistics().active == 0
