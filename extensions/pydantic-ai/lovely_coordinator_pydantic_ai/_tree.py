@@ -33,7 +33,7 @@ from typing import Any, final
 import anyio
 import anyio.abc
 from lovely_coordinator_limits import ModelTupleLike, ProviderLimitHandler, as_model_tuple
-from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai import Agent, Tool
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 
@@ -98,6 +98,10 @@ class ChildAgent:
         parent_id: the session that started it.
         depth: its depth (its parent's + 1).
         tuple: the model tuple its turns run under.
+        dispose_event: set once it is disposed; also the ``dispose`` event of its
+            :class:`~lovely_coordinator.SessionContext`.
+
+    Created by :class:`AgentTree`, not directly.
     """
 
     def __init__(
@@ -153,7 +157,8 @@ class ChildAgent:
             options: accepted for the resident protocol and ignored.
 
         Returns:
-            The number of prompts waiting for this child, this one included.
+            The number of prompts queued behind the child's current work (0 when this
+            one was taken at once).
 
         Raises:
             ChildDisposedError: the child has been disposed.
@@ -376,7 +381,7 @@ class AgentTree:
         A refusal or a failed child comes back as text too, so the parent's model can react.
         """
 
-        async def delegate(ctx: RunContext[Any], task: str) -> str:
+        async def delegate(task: str) -> str:
             try:
                 return str(await self.ask(agent, task))
             except SpawnRefusedError as exc:
@@ -384,7 +389,7 @@ class AgentTree:
             except Exception as exc:
                 return f"The sub-agent failed: {type(exc).__name__}: {exc}"
 
-        return Tool(delegate, name=name, description=description, takes_ctx=True)
+        return Tool(delegate, name=name, description=description, takes_ctx=False)
 
     def _spawn(
         self,
