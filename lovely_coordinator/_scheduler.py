@@ -70,6 +70,9 @@ DONE: Final = 4
 # majority; below that, dead entries are cheaper to pop as they surface.
 _COMPACT_MIN: Final = 64
 
+# How many idle tuples stay cached for reuse (see ``Scheduler._forget_if_idle``).
+_IDLE_KEPT: Final = 64
+
 
 class Wakeable(Protocol):
     """What the scheduler needs of a parked task (``_waiter.Parker`` fits)."""
@@ -193,7 +196,8 @@ class Scheduler:
           tuple count exists.
         * Work-conserving: after every call, if ``active < limit`` then no queued ticket
           may run now (no live bypass entry, no runnable tuple with a live head).
-        * ``_tuples`` holds no idle tuple, so memory follows the tuples in use.
+        * Every idle tuple in ``_tuples`` is also in ``_idle``, which holds at most
+          ``_IDLE_KEPT`` entries, so memory follows the tuples in use.
         * ``_counter`` is at least every acceptance order seen.
     """
 
@@ -201,6 +205,7 @@ class Scheduler:
         "_bypass",
         "_bypass_dead",
         "_counter",
+        "_idle",
         "_ready",
         "_seq",
         "_tuples",
@@ -218,6 +223,7 @@ class Scheduler:
         self._counter = 0
         self._seq = 0
         self._tuples: dict[ModelTuple, TupleState] = {}
+        self._idle: dict[ModelTuple, TupleState] = {}  # recently idle, oldest first
         self._ready: list[_ReadyEntry] = []
         self._bypass: list[_Entry] = []
         self._bypass_dead = 0
@@ -240,11 +246,12 @@ class Scheduler:
 
     def tuple_state(self, model_tuple: ModelTuple) -> TupleState | None:
         """The tuple's bookkeeping, or None when it is idle (open, uncapped, unused)."""
-        return self._tuples.get(model_tuple)
+        state = self._tuples.get(model_tuple)
+        return None if state is None or state.idle else state
 
     def tuple_states(self) -> Iterator[TupleState]:
         """Every non-idle tuple, in no particular order."""
-        return iter(self._tuples.values())
+        return (state for state in self._tuples.values() if not state.idle)
 
     def is_open(self, model_tuple: ModelTuple) -> bool:
         state = self._tuples.get(model_tuple)
@@ -257,38 +264,46 @@ class Scheduler:
         return state
 
     def _forget_if_idle(self, state: TupleState) -> None:
-        if state.idle and self._tuples.get(state.tuple) is state:
-            del self._tuples[state.tuple]
-            state.entry = None  # any ready entry of it is now stale
+        """Let an idle tuple go, keeping the most recent few for reuse.
+
+        A tuple that goes idle is usually used again at once (acquire, release, acquire…),
+        so the last ``_IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
+        so memory follows the tuples in use. O(1).
+        """
+        if not state.idle:
+            return
+        idle = self._idle
+        idle[state.tuple] = state
+        if len(idle) > _IDLE_KEPT:
+            model_tuple = next(iter(idle))
+            oldest = idle.pop(model_tuple)
+            if oldest.idle and self._tuples.get(model_tuple) is oldest:
+                del self._tuples[model_tuple]
+                oldest.entry = None  # any ready entry of it is now stale
 
     # -- enqueue, activate, withdraw -------------------------------------------------------
 
-    def refuse_if_closed(self, model_tuple: ModelTuple, reject: bool) -> None:
-        """Raise what :meth:`enqueue` would for a ``reject`` request on a closed tuple.
-
-        Raises:
-            TupleSuspendedError: ``reject`` is set and the tuple's gate is closed.
-        """
-        if reject:
-            state = self._tuples.get(model_tuple)
-            if state is not None and not state.open:
-                raise TupleSuspendedError(SUSPENDED_MESSAGE)
-
-    def enqueue(self, model_tuple: ModelTuple, order: int, *, active: bool, reject: bool) -> Ticket:
+    def enqueue(
+        self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
+    ) -> Ticket:
         """Take a place in line; with ``active`` it is eligible (and may be granted at once).
 
-        Arguments must already be valid. The counter is raised to ``order``.
+        Arguments must already be valid. ``order`` None draws a fresh acceptance order
+        (only once the request is admitted); an explicit one raises the counter.
 
         Raises:
             TupleSuspendedError: ``reject`` is set and the tuple's gate is closed (nothing
-                changed).
+                changed, no order drawn).
         """
         state = self._tuples.get(model_tuple)
-        if reject and state is not None and not state.open:
-            raise TupleSuspendedError(SUSPENDED_MESSAGE)
         if state is None:
             state = self._tuples[model_tuple] = TupleState(model_tuple)
-        if order > self._counter:
+        elif reject and not state.open:
+            raise TupleSuspendedError(SUSPENDED_MESSAGE)
+        if order is None:
+            self._counter += 1
+            order = self._counter
+        elif order > self._counter:
             self._counter = order
         self._seq += 1
         ticket = Ticket(order, self._seq, state, reject)
@@ -299,7 +314,19 @@ class Scheduler:
                 state.foreground = {}
             state.foreground[ticket] = None
         if active:
-            self._make_eligible(ticket)
+            if (
+                self.active < self.limit
+                and not self._ready
+                and not self._bypass
+                and state.open
+                and (state.limit is None or state.active < state.limit)
+            ):
+                # Fast path: with both heaps empty nobody else may run (invariant), so
+                # this ticket is the best one and never needs a heap entry.
+                ticket.state = QUEUED
+                self._grant(ticket)
+            else:
+                self._make_eligible(ticket)
         return ticket
 
     def activate(self, ticket: Ticket) -> None:
@@ -348,6 +375,7 @@ class Scheduler:
         ticket.state = LENT
         ticket.bypass = False
         ticket.parker = None
+        self._forget_if_idle(ticket.tuple_state)
 
     # -- leaving ---------------------------------------------------------------------------
 
@@ -358,10 +386,10 @@ class Scheduler:
         this: removing a waiter frees no capacity.
         """
         assert ticket.state in (INACTIVE, QUEUED)
+        self._unqueue(ticket)
         if ticket.bypass:
             self.lent -= 1
             ticket.bypass = False
-        self._unqueue(ticket)
         ticket.state = DONE
         parker = ticket.parker
         if parker is not None:
@@ -374,10 +402,10 @@ class Scheduler:
     def discard(self, ticket: Ticket) -> None:
         """Remove a queued ticket whose waiter already left (cancelled while queued)."""
         assert ticket.state in (INACTIVE, QUEUED)
+        self._unqueue(ticket)
         if ticket.bypass:
             self.lent -= 1
             ticket.bypass = False
-        self._unqueue(ticket)
         ticket.state = DONE
         ticket.parker = None
         self._forget_if_idle(ticket.tuple_state)
@@ -402,9 +430,10 @@ class Scheduler:
     def _return_slot(self, state: TupleState) -> None:
         self.active -= 1
         state.active -= 1
-        if state.limit is not None and state.active == state.limit - 1:
-            self._offer(state)  # it just dropped below its cap
-        self._drain()
+        if self.queued:  # else nobody could take the slot
+            if state.limit is not None and state.active == state.limit - 1:
+                self._offer(state)  # it just dropped below its cap
+            self._drain()
         self._forget_if_idle(state)
 
     def _unqueue(self, ticket: Ticket) -> None:
@@ -577,7 +606,7 @@ class Scheduler:
         assert self._counter >= 0
         for model_tuple, state in self._tuples.items():
             assert state.tuple == model_tuple
-            assert not state.idle, f"idle tuple kept: {model_tuple}"
+            assert not state.idle or model_tuple in self._idle, f"idle tuple kept: {model_tuple}"
             assert state.active >= 0
             assert state.queued >= 0
             live = [e for e in state.heap if _live(e)]
@@ -594,6 +623,7 @@ class Scheduler:
                 assert state.entry is not None
                 assert state.entry[:2] <= best
                 assert any(e is state.entry for e in self._ready)
+        assert len(self._idle) <= _IDLE_KEPT
         bypass_live = [e for e in self._bypass if _live(e)]
         assert len(self._bypass) - len(bypass_live) == self._bypass_dead
         assert all(e[2].bypass for e in bypass_live)

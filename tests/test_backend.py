@@ -1,0 +1,92 @@
+"""_backend: call_soon / call_at on the running loop's anyio clock, for synchronous code."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+from lovely_coordinator._backend import NoEventLoop, call_at, call_soon, current_time_or_none
+
+MOCK_TRIO = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
+
+
+def test_outside_an_event_loop() -> None:
+    assert current_time_or_none() is None
+    with pytest.raises(NoEventLoop):
+        call_soon(lambda: None)
+    with pytest.raises(NoEventLoop):
+        call_at(0.0, lambda: None)
+
+
+@pytest.mark.anyio
+async def test_current_time_is_the_anyio_clock() -> None:
+    now = current_time_or_none()
+    assert now is not None
+    assert now == pytest.approx(anyio.current_time(), abs=0.5)
+
+
+@pytest.mark.anyio
+async def test_call_soon_runs_later_not_inline() -> None:
+    with anyio.fail_after(5):
+        ran = anyio.Event()
+        calls: list[int] = []
+
+        def callback() -> None:
+            calls.append(1)
+            ran.set()
+
+        call_soon(callback)
+        assert calls == []
+        await ran.wait()
+        assert calls == [1]
+
+
+@pytest.mark.anyio
+async def test_callback_errors_are_logged_and_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    with anyio.fail_after(5):
+        ran = anyio.Event()
+
+        def boom() -> None:
+            raise ValueError("boom")
+
+        call_soon(boom)
+        call_soon(ran.set)
+        with caplog.at_level(logging.ERROR, logger="lovely_coordinator"):
+            await ran.wait()  # callbacks run in order: boom already ran, and was contained
+        errors = [r.exc_info[1] for r in caplog.records if r.exc_info]
+        assert [str(e) for e in errors] == ["boom"]
+
+
+@MOCK_TRIO
+@pytest.mark.anyio
+async def test_call_at_runs_at_the_deadline_on_mock_clock() -> None:
+    with anyio.fail_after(100):
+        start = anyio.current_time()
+        fired: list[float] = []
+        done = anyio.Event()
+
+        def callback() -> None:
+            fired.append(anyio.current_time())
+            done.set()
+
+        call_at(start + 30, callback)
+        cancelled = call_at(start + 10, lambda: fired.append(-1.0))
+        cancelled.cancel()
+        await done.wait()
+        assert fired == [pytest.approx(start + 30)]
+        cancelled.cancel()  # idempotent, and fine after the deadline
+
+
+@pytest.mark.anyio
+async def test_call_at_short_real_delay() -> None:
+    with anyio.fail_after(5):
+        done = anyio.Event()
+        timer = call_at(anyio.current_time() + 0.01, done.set)
+        await done.wait()
+        timer.cancel()  # safe after it ran
