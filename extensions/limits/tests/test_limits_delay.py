@@ -166,3 +166,29 @@ def test_retry_delay_ignores_an_unread_streaming_body() -> None:
         _ = unread.content
     assert retry_delay(unread, now=NOW) is None
     assert retry_delay(ValueError("no response"), now=NOW) is None
+
+
+@given(
+    st.integers(0, 10**7),
+    st.one_of(st.none(), st.integers(0, 10**5).map(str)),
+    st.one_of(st.none(), st.sampled_from(["6m0s", "1.5s", "20ms"])),
+)
+def test_retry_after_ms_wins_over_every_other_header(
+    milliseconds: int, retry_after: str | None, reset: str | None
+) -> None:
+    headers = {"retry-after-ms": str(milliseconds)}
+    if retry_after is not None:
+        headers["retry-after"] = retry_after
+    if reset is not None:
+        headers["x-ratelimit-reset-tokens"] = reset
+    assert delay_from_headers(headers, now=NOW) == milliseconds / 1000
+
+
+@given(st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1)))
+def test_parse_timestamp_round_trips(moment: datetime) -> None:
+    aware = moment.replace(tzinfo=UTC)
+    expected = max(0.0, (aware - NOW).total_seconds())
+    assert parse_timestamp(aware.isoformat(), now=NOW) == pytest.approx(expected)
+    assert parse_timestamp(aware.isoformat().replace("+00:00", "Z"), now=NOW) == pytest.approx(
+        expected
+    )
