@@ -8,7 +8,7 @@ something lives here, written against those shapes; the transports in ``_transpo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
@@ -20,9 +20,17 @@ from lovely_coordinator_limits import (
     retry_delay,
 )
 
-from lovely_coordinator import AgentCoordinator, AgentPermit, ModelTuple, current_permit
+from lovely_coordinator import (
+    AgentCoordinator,
+    AgentPermit,
+    ModelTuple,
+    current_permit,
+    get_agent_coordinator,
+)
 
-__all__ = ["Gate", "ResponseLike", "close_then_release"]
+from ._tuples import RequestLike, tuple_for_request
+
+__all__ = ["Gate", "GatedTransport", "ResponseLike", "close_then_release"]
 
 # Error statuses whose body is read to tell a billing or quota refusal from other client
 # errors. Server errors (5xx) are never limits, so their bodies are left to the caller.
@@ -46,8 +54,20 @@ class ResponseLike(Protocol):
     async def aclose(self) -> None: ...
 
 
-RequestT = TypeVar("RequestT")
+RequestT = TypeVar("RequestT", bound=RequestLike)
 ResponseT = TypeVar("ResponseT", bound=ResponseLike)
+
+
+_RequestIn = TypeVar("_RequestIn", bound=RequestLike, contravariant=True)
+_ResponseOut = TypeVar("_ResponseOut", bound=ResponseLike, covariant=True)
+
+
+class _Inner(Protocol[_RequestIn, _ResponseOut]):
+    """The wrapped transport."""
+
+    async def handle_async_request(self, request: _RequestIn, /) -> _ResponseOut: ...
+
+    async def aclose(self) -> None: ...
 
 
 @final
@@ -55,9 +75,11 @@ class Gate(Generic[RequestT, ResponseT]):
     """Holds a permit around each request and reports responses to the limit handler.
 
     Args:
-        coordinator: grants the permits.
-        handler: receives limits and successes.
-        tuple_for: request → tuple, or ``None`` to send it without a permit.
+        coordinator: grants the permits (default: the process-global one).
+        handler: receives limits and successes (default: a new one for ``coordinator``).
+        tuple_for: request → tuple, or ``None`` to send it without a permit (default:
+            :func:`tuple_for_request` with ``providers``).
+        providers: host → provider names for the default mapping.
         watch: attaches the permit to a response whose body is still open, so that
             closing the body releases it; returns ``False`` when it cannot (the permit is
             then released at once).
@@ -66,15 +88,22 @@ class Gate(Generic[RequestT, ResponseT]):
 
     def __init__(
         self,
-        coordinator: AgentCoordinator,
-        handler: ProviderLimitHandler,
-        tuple_for: Callable[[RequestT], ModelTupleLike | None],
+        coordinator: AgentCoordinator | None,
+        handler: ProviderLimitHandler | None,
+        tuple_for: Callable[[RequestT], ModelTupleLike | None] | None,
+        providers: Mapping[str, str],
         watch: Callable[[ResponseT, AgentPermit], bool],
         *,
         reject_on_closed_tuple: bool,
     ) -> None:
-        self.coordinator = coordinator
-        self.handler = handler
+        self.coordinator = coordinator if coordinator is not None else get_agent_coordinator()
+        self.handler = handler if handler is not None else ProviderLimitHandler(self.coordinator)
+        if tuple_for is None:
+            known = dict(providers)
+
+            def tuple_for(request: RequestT) -> ModelTupleLike | None:
+                return tuple_for_request(request, known)
+
         self._tuple_for = tuple_for
         self._watch = watch
         self._reject = reject_on_closed_tuple
@@ -127,6 +156,35 @@ class Gate(Generic[RequestT, ResponseT]):
                 self.handler.report_limit(t, retry_after=delay, started_at=started_at)
         elif status < 400:
             self.handler.report_success(t, started_at=started_at)
+
+
+class GatedTransport(Generic[RequestT, ResponseT]):
+    """The transport methods both generations share; subclasses set ``_gate``, ``_inner``."""
+
+    _gate: Gate[RequestT, ResponseT]
+    _inner: _Inner[RequestT, ResponseT]
+
+    @property
+    def coordinator(self) -> AgentCoordinator:
+        """The coordinator that grants this transport's permits."""
+        return self._gate.coordinator
+
+    @property
+    def handler(self) -> ProviderLimitHandler:
+        """The handler that limit responses are reported to."""
+        return self._gate.handler
+
+    async def handle_async_request(self, request: RequestT) -> ResponseT:
+        """Send ``request`` under a permit for its tuple (see ``CoordinatedTransport``).
+
+        Raises:
+            TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
+        """
+        return await self._gate.send(request, self._inner.handle_async_request)
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport."""
+        await self._inner.aclose()
 
 
 async def close_then_release(stream: Any, permit: AgentPermit) -> None:

@@ -8,16 +8,18 @@ from typing import final
 import httpx2
 from lovely_coordinator_limits import ProviderLimitHandler
 
-from lovely_coordinator import AgentCoordinator, AgentPermit, get_agent_coordinator
+from lovely_coordinator import AgentCoordinator, AgentPermit
 
-from ._gate import Gate, close_then_release
-from ._tuples import DEFAULT_PROVIDERS, TupleFor, tuple_for_request
+from ._gate import Gate, GatedTransport, close_then_release
+from ._tuples import DEFAULT_PROVIDERS, TupleFor
 
 __all__ = ["CoordinatedTransport"]
 
 
 @final
-class CoordinatedTransport(httpx2.AsyncBaseTransport):
+class CoordinatedTransport(
+    GatedTransport[httpx2.Request, httpx2.Response], httpx2.AsyncBaseTransport
+):
     """An httpx2 transport that runs each model request under a coordinator permit.
 
     Each request is mapped to a ``(provider, model)`` tuple (by default: the provider from
@@ -60,38 +62,15 @@ class CoordinatedTransport(httpx2.AsyncBaseTransport):
         providers: Mapping[str, str] = DEFAULT_PROVIDERS,
         reject_on_closed_tuple: bool = False,
     ) -> None:
-        coordinator = coordinator if coordinator is not None else get_agent_coordinator()
-        known = dict(providers)
-        self._transport = transport if transport is not None else httpx2.AsyncHTTPTransport()
-        self._gate: Gate[httpx2.Request, httpx2.Response] = Gate(
+        self._inner = transport if transport is not None else httpx2.AsyncHTTPTransport()
+        self._gate = Gate(
             coordinator,
-            handler if handler is not None else ProviderLimitHandler(coordinator),
-            tuple_for if tuple_for is not None else lambda r: tuple_for_request(r, known),
+            handler,
+            tuple_for,
+            providers,
             _watch,
             reject_on_closed_tuple=reject_on_closed_tuple,
         )
-
-    @property
-    def coordinator(self) -> AgentCoordinator:
-        """The coordinator that grants this transport's permits."""
-        return self._gate.coordinator
-
-    @property
-    def handler(self) -> ProviderLimitHandler:
-        """The handler that limit responses are reported to."""
-        return self._gate.handler
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request`` under a permit for its tuple (see the class docstring).
-
-        Raises:
-            TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
-        """
-        return await self._gate.send(request, self._transport.handle_async_request)
-
-    async def aclose(self) -> None:
-        """Close the wrapped transport."""
-        await self._transport.aclose()
 
 
 def _watch(response: httpx2.Response, permit: AgentPermit) -> bool:

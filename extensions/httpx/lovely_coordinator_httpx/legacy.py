@@ -20,10 +20,10 @@ from typing import final
 import httpx
 from lovely_coordinator_limits import ModelTupleLike, ProviderLimitHandler
 
-from lovely_coordinator import AgentCoordinator, AgentPermit, get_agent_coordinator
+from lovely_coordinator import AgentCoordinator, AgentPermit
 
-from ._gate import Gate, close_then_release
-from ._tuples import DEFAULT_PROVIDERS, tuple_for_request
+from ._gate import Gate, GatedTransport, close_then_release
+from ._tuples import DEFAULT_PROVIDERS
 
 __all__ = ["CoordinatedTransport", "LegacyTupleFor"]
 
@@ -32,7 +32,7 @@ LegacyTupleFor = Callable[[httpx.Request], ModelTupleLike | None]
 
 
 @final
-class CoordinatedTransport(httpx.AsyncBaseTransport):
+class CoordinatedTransport(GatedTransport[httpx.Request, httpx.Response], httpx.AsyncBaseTransport):
     """:class:`lovely_coordinator_httpx.CoordinatedTransport` for ``httpx`` clients.
 
     Same arguments and behaviour; ``transport`` defaults to ``httpx.AsyncHTTPTransport()``.
@@ -48,38 +48,15 @@ class CoordinatedTransport(httpx.AsyncBaseTransport):
         providers: Mapping[str, str] = DEFAULT_PROVIDERS,
         reject_on_closed_tuple: bool = False,
     ) -> None:
-        coordinator = coordinator if coordinator is not None else get_agent_coordinator()
-        known = dict(providers)
-        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self._gate: Gate[httpx.Request, httpx.Response] = Gate(
+        self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self._gate = Gate(
             coordinator,
-            handler if handler is not None else ProviderLimitHandler(coordinator),
-            tuple_for if tuple_for is not None else lambda r: tuple_for_request(r, known),
+            handler,
+            tuple_for,
+            providers,
             _watch,
             reject_on_closed_tuple=reject_on_closed_tuple,
         )
-
-    @property
-    def coordinator(self) -> AgentCoordinator:
-        """The coordinator that grants this transport's permits."""
-        return self._gate.coordinator
-
-    @property
-    def handler(self) -> ProviderLimitHandler:
-        """The handler that limit responses are reported to."""
-        return self._gate.handler
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` under a permit for its tuple.
-
-        Raises:
-            TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
-        """
-        return await self._gate.send(request, self._transport.handle_async_request)
-
-    async def aclose(self) -> None:
-        """Close the wrapped transport."""
-        await self._transport.aclose()
 
 
 def _watch(response: httpx.Response, permit: AgentPermit) -> bool:
