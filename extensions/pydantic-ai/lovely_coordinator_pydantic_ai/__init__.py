@@ -1,0 +1,31 @@
+"""pydantic-ai integration for lovely-coordinator.
+
+- :class:`CoordinatedModel` wraps a pydantic-ai model so every request (streamed or not)
+  runs under a coordinator permit for its ``(provider, model)`` tuple, and reports
+  provider limits to a :class:`~lovely_coordinator_limits.ProviderLimitHandler`.
+- :class:`AgentTree` runs agents as managed sessions that start sub-agents: depth limits,
+  permit lending while a parent waits, results through notification routes, and children
+  kept as residents for follow-up input.
+"""
+
+from ._model import CoordinatedModel as CoordinatedModel
+from ._model import tuple_of as tuple_of
+from ._tree import AgentTree as AgentTree
+from ._tree import ChildAgent as ChildAgent
+from ._tree import ChildDisposedError as ChildDisposedError
+from ._tree import ChildStoppedError as ChildStoppedError
+from ._tree import SpawnRefusedError as SpawnRefusedError
+from ._tree import SubAgentError as SubAgentError
+from ._tree import current_session as current_session
+
+__all__ = [
+    "AgentTree",
+    "ChildAgent",
+    "ChildDisposedError",
+    "ChildStoppedError",
+    "CoordinatedModel",
+    "SpawnRefusedError",
+    "SubAgentError",
+    "current_session",
+    "tuple_of",
+]

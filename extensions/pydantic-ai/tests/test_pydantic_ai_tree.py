@@ -1,0 +1,392 @@
+"""AgentTree: sub-agents with depth limits, permit lending, notification routes and residents.
+
+Real pydantic-ai agents on its offline FunctionModel (no network).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import pytest
+from lovely_coordinator_pydantic_ai import (
+    AgentTree,
+    ChildAgent,
+    ChildDisposedError,
+    ChildStoppedError,
+    SpawnRefusedError,
+    current_session,
+)
+from pydantic_ai import Agent
+from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from lovely_coordinator import (
+    AgentCoordinator,
+    InvalidArgumentError,
+    ParentNotification,
+    SessionContext,
+    create_agent_coordinator,
+)
+
+
+def _tool_returns(messages: list[ModelMessage]) -> list[str]:
+    last = messages[-1]
+    if not isinstance(last, ModelRequest):
+        return []
+    return [str(p.content) for p in last.parts if isinstance(p, ToolReturnPart)]
+
+
+def _delegating(tasks: list[str], tool: str = "delegate") -> FunctionModel:
+    """A parent model: first asks for one tool call per task (in parallel), then reports."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = _tool_returns(messages)
+        if returns:
+            return ModelResponse(parts=[TextPart(" | ".join(sorted(returns)))])
+        calls = [ToolCallPart(tool, {"task": task}) for task in tasks]
+        return ModelResponse(parts=calls)
+
+    return FunctionModel(respond, model_name="parent")
+
+
+def _answering(name: str, probe: list[SessionContext | None] | None = None) -> FunctionModel:
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if probe is not None:
+            probe.append(_context_now())
+        prompts = [
+            p.content
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if p.part_kind == "user-prompt"
+        ]
+        return ModelResponse(parts=[TextPart(f"{name}:{prompts[-1]}#{len(prompts)}")])
+
+    return FunctionModel(respond, model_name=name)
+
+
+_coordinators: list[AgentCoordinator] = []
+
+
+def _context_now() -> SessionContext | None:
+    session = current_session()
+    return _coordinators[-1].get_session_context(session) if session else None
+
+
+def _coordinator(limit: int) -> AgentCoordinator:
+    coordinator = create_agent_coordinator(limit)
+    _coordinators.append(coordinator)
+    return coordinator
+
+
+@pytest.mark.asyncio
+async def test_a_tree_of_four_parents_and_eight_children_at_capacity_two() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        observed: list[tuple[int, int]] = []
+
+        def child_respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            stats = coordinator.statistics()
+            observed.append((stats.active, stats.lent))
+            return ModelResponse(parts=[TextPart(f"done {current_session()}")])
+
+        outputs: dict[str, str] = {}
+        async with AgentTree(coordinator, max_depth=1) as tree:
+            child = Agent(tree.wrap(FunctionModel(child_respond, model_name="child")))
+
+            async def parent(session_id: str) -> None:
+                agent = Agent(tree.wrap(_delegating(["a", "b"])), tools=[tree.tool(child)])
+                outputs[session_id] = await tree.run(agent, "go", session_id=session_id)
+
+            async with anyio.create_task_group() as tg:
+                for n in range(4):
+                    tg.start_soon(parent, f"p{n}")
+        assert sorted(outputs) == ["p0", "p1", "p2", "p3"]
+        for session_id, output in outputs.items():
+            assert output.count(f"done {session_id}/") == 2
+        assert len(observed) == 8
+        # Never more than two slots in use; every child ran on a slot its parent lent.
+        assert all(active <= 2 and lent >= 1 for active, lent in observed)
+        stats = coordinator.statistics()
+        assert (stats.active, stats.queued, stats.lent) == (0, 0, 0)
+        assert tree.children() == ()
+
+
+@pytest.mark.asyncio
+async def test_depth_limit_holds() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        contexts: list[SessionContext | None] = []
+        async with AgentTree(coordinator, max_depth=1) as tree:
+            leaf = Agent(tree.wrap(_answering("leaf")))
+            # A child that itself tries to delegate: at depth 1 with max_depth=1 it may not.
+            middle = Agent(
+                tree.wrap(_delegating(["deeper"], tool="delegate"), tuple=("function", "middle")),
+                tools=[tree.tool(leaf)],
+            )
+
+            def root_respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                contexts.append(_context_now())
+                returns = _tool_returns(messages)
+                if returns:
+                    return ModelResponse(parts=[TextPart(returns[0])])
+                return ModelResponse(parts=[ToolCallPart("delegate", {"task": "work"})])
+
+            root = Agent(
+                tree.wrap(FunctionModel(root_respond, model_name="root")),
+                tools=[tree.tool(middle)],
+            )
+            output = await tree.run(root, "go", session_id="root")
+        assert output == "Refused: Sub-agent depth limit reached (max_depth=1)"
+        assert contexts[0] == SessionContext(0, True)
+
+
+@pytest.mark.asyncio
+async def test_sessions_that_may_not_delegate_are_refused() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child")))
+            root = Agent(tree.wrap(_delegating(["x"])), tools=[tree.tool(child)])
+            output = await tree.run(root, "go", session_id="root", allow_agents=False)
+            assert output == "Refused: Sub-agents are not allowed in this session"
+            with pytest.raises(SpawnRefusedError, match=r"^No managed session"):
+                tree.start(child, "outside any session")
+        with pytest.raises(SpawnRefusedError, match=r"^AgentTree is not running"):
+            tree.start(child, "after exit")
+
+
+def test_max_depth_is_validated() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^max_depth must be a nonnegative integer$"):
+        AgentTree(create_agent_coordinator(1), max_depth=-1)
+
+
+@pytest.mark.asyncio
+async def test_child_sessions_have_parent_depth_plus_one() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        contexts: list[SessionContext | None] = []
+        async with AgentTree(coordinator, max_depth=3) as tree:
+            child = Agent(tree.wrap(_answering("child", contexts)))
+            root = Agent(tree.wrap(_delegating(["x"])), tools=[tree.tool(child)])
+            await tree.run(root, "go", session_id="root")
+            (resident,) = tree.children()
+            assert coordinator.get_resident(resident.session_id) is resident
+        (context,) = contexts
+        assert context is not None
+        assert (context.depth, context.allow_agents) == (1, True)
+        assert context.dispose is not None
+        assert context.dispose.is_set()  # disposed when the tree exited
+        assert coordinator.get_resident(resident.session_id) is None
+        assert coordinator.get_session_context(resident.session_id) is None
+
+
+@pytest.mark.asyncio
+async def test_a_child_hitting_a_limit_closes_its_tuple_while_siblings_continue() -> None:
+    def limited(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ModelHTTPError(429, "busy", {"error": "rate limit"}, headers={"retry-after": "60"})
+
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        async with AgentTree(coordinator) as tree:
+            failing = Agent(tree.wrap(FunctionModel(limited, model_name="busy")))
+            working = Agent(tree.wrap(_answering("calm")))
+            root = Agent(
+                tree.wrap(_two_tools()),
+                tools=[tree.tool(failing, name="busy"), tree.tool(working, name="calm")],
+            )
+            output = await tree.run(root, "go", session_id="root")
+        assert "The sub-agent failed: ModelHTTPError" in output
+        assert "calm:b#1" in output
+        assert not coordinator.is_tuple_open(("function", "busy"))
+        assert coordinator.is_tuple_open(("function", "calm"))
+        state = tree.handler.state(("function", "busy"))
+        assert state is not None
+        assert state.failures == 1
+
+
+def _two_tools() -> FunctionModel:
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = _tool_returns(messages)
+        if returns:
+            return ModelResponse(parts=[TextPart(" | ".join(sorted(returns)))])
+        calls = [ToolCallPart("busy", {"task": "a"}), ToolCallPart("calm", {"task": "b"})]
+        return ModelResponse(parts=calls)
+
+    return FunctionModel(respond, model_name="parent")
+
+
+@pytest.mark.asyncio
+async def test_detached_results_and_follow_ups_arrive_by_notification() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        received: list[ParentNotification] = []
+        arrived = anyio.Event()
+        follow_up = anyio.Event()
+
+        async def route(notification: ParentNotification) -> None:
+            received.append(notification)
+            (follow_up if arrived.is_set() else arrived).set()
+
+        unbind = coordinator.bind_notification_route("root", route)
+        started: list[ChildAgent] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child")))
+
+            def root_respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                if _tool_returns(messages):
+                    return ModelResponse(parts=[TextPart("started")])
+                return ModelResponse(parts=[ToolCallPart("start", {"task": "first"})])
+
+            root = Agent(tree.wrap(FunctionModel(root_respond, model_name="root")))
+
+            @root.tool_plain
+            async def start(task: str) -> str:  # async: pydantic-ai runs sync tools in threads
+                started.append(tree.start(child, task))
+                return started[-1].session_id
+
+            assert await tree.run(root, "go", session_id="root") == "started"
+            await arrived.wait()
+            (resident,) = started
+            assert received == [
+                ParentNotification(f"{resident.session_id}#1", resident.session_id, "child:first#1")
+            ]
+            # A follow-up through the registry reaches the resident child, which answers with
+            # its conversation so far (second prompt).
+            found = coordinator.get_resident(resident.session_id)
+            assert found is resident
+            resident.input("second", "followup")
+            await follow_up.wait()
+            assert received[1].content == "child:second#2"
+            assert received[1].id == f"{resident.session_id}#2"
+        unbind()
+        assert coordinator.statistics().active == 0
+
+
+@pytest.mark.asyncio
+async def test_stopping_a_child_fails_its_waiting_parent() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        entered = anyio.Event()
+
+        async def stuck(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            entered.set()
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        outcome: list[BaseException] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(FunctionModel(stuck, model_name="stuck")))
+            root = Agent(tree.wrap(_delegating(["t"], tool="ask")))
+
+            @root.tool_plain
+            async def ask(task: str) -> str:
+                try:
+                    return str(await tree.ask(child, task))
+                except ChildStoppedError as exc:
+                    outcome.append(exc)
+                    return "stopped"
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(tree.run, root, "go", session_id="root"))
+                await entered.wait()
+                (resident,) = tree.children()
+                assert coordinator.statistics().lent == 1
+                resident.stop()
+            assert len(outcome) == 1
+            assert resident.turns == 1
+            assert coordinator.get_resident(resident.session_id) is resident
+        assert coordinator.statistics().active == 0
+
+
+def _starter(
+    tree: AgentTree, child: Agent[None, str], started: list[ChildAgent]
+) -> Agent[None, str]:
+    """A root agent that starts one detached child and answers 'started'."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if _tool_returns(messages):
+            return ModelResponse(parts=[TextPart("started")])
+        return ModelResponse(parts=[ToolCallPart("start", {"task": "job"})])
+
+    root = Agent(tree.wrap(FunctionModel(respond, model_name="root")))
+
+    @root.tool_plain
+    async def start(task: str) -> str:
+        started.append(tree.start(child, task))
+        return started[-1].session_id
+
+    return root
+
+
+@pytest.mark.asyncio
+async def test_results_without_a_route_are_kept_and_a_broken_route_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        started: list[ChildAgent] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child")))
+            await tree.run(_starter(tree, child, started), "go", session_id="no-route")
+            await started[0].result()
+            await anyio.wait_all_tasks_blocked()
+            (kept,) = tree.undelivered()
+            assert (kept.task_ref, kept.content) == (started[0].session_id, "child:job#1")
+
+            broken_called = anyio.Event()
+
+            def broken(notification: ParentNotification) -> None:
+                broken_called.set()
+                raise RuntimeError("the UI is gone")
+
+            unbind = coordinator.bind_notification_route("broken", broken)
+            await tree.run(_starter(tree, child, started), "go", session_id="broken")
+            await broken_called.wait()
+            await anyio.wait_all_tasks_blocked()
+            unbind()
+            # The child survived its parent's broken route and still takes follow-ups.
+            assert started[1].dispose_event.is_set() is False
+        assert "notification route of broken failed" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_child_disposed_before_it_starts_never_runs() -> None:
+    with anyio.fail_after(10):
+        coordinator = _coordinator(2)
+        calls: list[SessionContext | None] = []
+        started: list[ChildAgent] = []
+        async with AgentTree(coordinator) as tree:
+            child = Agent(tree.wrap(_answering("child", calls)))
+
+            def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                if _tool_returns(messages):
+                    return ModelResponse(parts=[TextPart("done")])
+                return ModelResponse(parts=[ToolCallPart("start_and_drop", {"task": "never"})])
+
+            root = Agent(tree.wrap(FunctionModel(respond, model_name="root")))
+
+            @root.tool_plain
+            async def start_and_drop(task: str) -> str:
+                started.append(tree.start(child, task))
+                started[-1].dispose()  # before its task has had a chance to run
+                return "dropped"
+
+            assert await tree.run(root, "go", session_id="root") == "done"
+            (dropped,) = started
+            with pytest.raises(ChildStoppedError, match=r"^Sub-agent was disposed before"):
+                await dropped.result()
+            assert coordinator.get_resident(dropped.session_id) is None
+            with pytest.raises(ChildDisposedError, match=r"^Sub-agent has been disposed$"):
+                dropped.input("too late")
+        assert calls == []
+        assert coordinator.statistics().active == 0
