@@ -17,7 +17,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["NoEventLoop", "Timer", "call_at", "call_soon", "current_time_or_none"]
+__all__ = [
+    "NoEventLoop",
+    "Timer",
+    "call_at",
+    "call_soon",
+    "current_loop",
+    "current_time_or_none",
+]
 
 _log = logging.getLogger("lovely_coordinator")
 
@@ -53,6 +60,25 @@ def _guarded(fn: Callable[[], object]) -> Callable[[], None]:
             _log.exception("lovely_coordinator: callback %r failed", fn)
 
     return run
+
+
+def current_loop() -> object | None:
+    """An identity for the running event loop: the asyncio loop, or the trio run's token.
+
+    Two ``anyio.run`` calls never share one (an object kept alive by the caller is not
+    reused for a later loop). None outside an event loop.
+    """
+    # asyncio's non-raising lookup first: an exception per call would cost microseconds.
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            return trio.lowlevel.current_trio_token()  # type: ignore[no-any-return]
+        except RuntimeError:
+            pass
+    return None
 
 
 def current_time_or_none() -> float | None:

@@ -19,6 +19,7 @@ that is cancelled before it enqueued takes no acceptance order.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import Token
@@ -28,7 +29,7 @@ from typing import Any, Final, Literal, TypeVar, final
 import anyio.lowlevel
 
 from . import _context
-from ._backend import Timer, call_at, current_time_or_none
+from ._backend import Timer, call_at, current_loop, current_time_or_none
 from ._config import CoordinatorConfig
 from ._errors import (
     CoordinatorError,
@@ -158,7 +159,9 @@ class AgentCoordinator(CoordinatorRegistries):
         self._config = config
         self._fresh_reacquire = config.reacquire == "fresh"
         self._scheduler = Scheduler(config.max_concurrency, dict(config.tuple_limits))
-        self._timers: dict[ModelTuple, tuple[float, Timer]] = {}
+        # Timed reopens, all armed on the event loop ``_timers_loop`` (see _follow_loop).
+        self._timers: dict[ModelTuple, _Reopen] = {}
+        self._timers_loop: object | None = None
 
     def __repr__(self) -> str:
         s = self._scheduler
@@ -234,15 +237,22 @@ class AgentCoordinator(CoordinatorRegistries):
         Queued waiters on ``t`` that asked ``reject_on_closed_tuple=True`` (inactive
         reservations included) fail with :class:`TupleSuspendedError`. Running permits are
         untouched and nothing is granted. A closure is never shortened: with
-        ``reopen_after`` the gate reopens by itself that many seconds from now (on the
-        anyio clock), unless it is already closed until later or until further notice;
-        without it, the gate stays closed until :meth:`open_tuple`.
+        ``reopen_after`` the gate reopens by itself that many seconds from now, unless it
+        is already closed until later or until further notice; without it, the gate
+        stays closed until :meth:`open_tuple`.
+
+        A timed reopen outlives the event loop it was armed on: when the coordinator is
+        next used from another loop (a later ``anyio.run``), the reopen is re-armed there
+        for the time that remains, or done at once if its time has passed. (Across loops
+        the remaining time is real time; a trio ``MockClock`` does not carry over.)
 
         Raises:
             InvalidArgumentError: a bad tuple, or ``reopen_after`` not a finite number ≥ 0
                 or given outside a running event loop.
         """
         model_tuple = as_model_tuple(t)
+        if self._timers:
+            self._follow_loop()
         deadline: float | None = None
         if reopen_after is not None:
             if type(reopen_after) not in (int, float):
@@ -267,7 +277,7 @@ class AgentCoordinator(CoordinatorRegistries):
             InvalidArgumentError: a bad tuple.
         """
         model_tuple = as_model_tuple(t)
-        self._arm_timer(model_tuple, None)
+        self._arm_timer(model_tuple, None)  # a timer on an ended loop is cancelled as well
         self._scheduler.open(model_tuple)
         self._hub.notify()
 
@@ -277,36 +287,86 @@ class AgentCoordinator(CoordinatorRegistries):
         Raises:
             InvalidArgumentError: a bad tuple.
         """
-        return self._scheduler.is_open(as_model_tuple(t))
+        model_tuple = as_model_tuple(t)
+        if self._timers:
+            self._follow_loop()
+        return self._scheduler.is_open(model_tuple)
 
     def tuple_reopens_at(self, t: ModelTupleLike) -> float | None:
-        """When (anyio clock) tuple ``t``'s gate reopens by itself; None when open or
+        """When tuple ``t``'s gate reopens by itself, on the anyio clock of the calling
+        event loop (outside any loop: of the loop that last armed it); None when open or
         closed until :meth:`open_tuple`.
 
         Raises:
             InvalidArgumentError: a bad tuple.
         """
-        state = self._scheduler.tuple_state(as_model_tuple(t))
+        model_tuple = as_model_tuple(t)
+        if self._timers:
+            self._follow_loop()
+        state = self._scheduler.tuple_state(model_tuple)
         return None if state is None else state.reopens_at
 
     def _arm_timer(self, model_tuple: ModelTuple, deadline: float | None) -> None:
+        """Make ``deadline`` (on the current loop's clock, None: no timer) the tuple's timed
+        reopen. Called with the other timers already on the current loop."""
         current = self._timers.get(model_tuple)
-        if current is not None and current[0] == deadline:
+        if current is not None and current.at == deadline:
             return
         if current is not None:
             del self._timers[model_tuple]
-            current[1].cancel()
+            current.timer.cancel()
         if deadline is not None:
+            now = current_time_or_none()
+            assert now is not None  # close_tuple refuses a reopen_after outside a loop
+            self._timers_loop = current_loop()
+            self._start_timer(model_tuple, deadline, time.monotonic() + (deadline - now))
 
-            def reopen() -> None:
-                entry = self._timers.get(model_tuple)
-                if entry is None or entry[0] != deadline:
-                    return  # replaced or cancelled after this call was already due
+    def _start_timer(self, model_tuple: ModelTuple, at: float, monotonic_at: float) -> None:
+        """Arm the reopen of ``model_tuple`` at ``at`` on the current loop's clock."""
+        reopen = _Reopen(at, monotonic_at)
+
+        def fire() -> None:
+            if self._timers.get(model_tuple) is not reopen:
+                return  # replaced or cancelled after this call was already due
+            del self._timers[model_tuple]
+            self._scheduler.open(model_tuple)
+            self._hub.notify()
+
+        reopen.timer = call_at(at, fire)
+        self._timers[model_tuple] = reopen
+
+    def _follow_loop(self) -> None:
+        """Move the timed reopens onto the calling event loop if they are on another one.
+
+        A timer belongs to the loop it was armed on and dies with it (an ``anyio.run``
+        that ended; trio's clock even starts at a random offset in every run). So every
+        entry point that may see a closure calls this (when there are timers at all: the
+        hot path pays one dict check, then one identity check): an elapsed reopen happens
+        now, a pending one is re-armed here for the real time that remains and its
+        ``reopens_at`` restated on this loop's clock. Outside any loop only elapsed
+        reopens happen; the rest wait for the next loop.
+        """
+        loop = current_loop()
+        if loop is self._timers_loop:
+            return
+        now = current_time_or_none()
+        monotonic_now = time.monotonic()
+        reopened = False
+        for model_tuple, reopen in list(self._timers.items()):
+            remaining = reopen.monotonic_at - monotonic_now
+            if remaining <= 0:
                 del self._timers[model_tuple]
+                reopen.timer.cancel()  # harmless on an ended loop
                 self._scheduler.open(model_tuple)
-                self._hub.notify()
-
-            self._timers[model_tuple] = (deadline, call_at(deadline, reopen))
+                reopened = True
+            elif now is not None:
+                reopen.timer.cancel()
+                self._scheduler.retime(model_tuple, now + remaining)
+                self._start_timer(model_tuple, now + remaining, reopen.monotonic_at)
+        if now is not None:
+            self._timers_loop = loop
+        if reopened:
+            self._hub.notify()
 
     # -- taking slots ------------------------------------------------------------------------
 
@@ -315,6 +375,8 @@ class AgentCoordinator(CoordinatorRegistries):
     ) -> Ticket:
         """Validate a request and put it in line (granting it if it may run now)."""
         model_tuple = t if type(t) is ModelTuple else as_model_tuple(t)
+        if self._timers:
+            self._follow_loop()
         if type(reject) is not bool:
             raise InvalidArgumentTypeError(_REJECT_MESSAGE)
         if acceptance_order is not None:
@@ -434,6 +496,8 @@ class AgentCoordinator(CoordinatorRegistries):
 
     def statistics(self) -> CoordinatorStatistics:
         """A snapshot of the scheduling state (one entry per non-idle tuple, sorted)."""
+        if self._timers:
+            self._follow_loop()
         s = self._scheduler
         tuples = sorted(
             (
@@ -468,6 +532,20 @@ class AgentCoordinator(CoordinatorRegistries):
 
 def _by_tuple(statistics: TupleStatistics) -> ModelTuple:
     return statistics.tuple
+
+
+@final
+class _Reopen:
+    """A timed reopen: its time on the clock of the loop it is armed on (``at``), the same
+    instant on ``time.monotonic()`` (which outlives that loop), and the loop's timer."""
+
+    __slots__ = ("at", "monotonic_at", "timer")
+
+    timer: Timer
+
+    def __init__(self, at: float, monotonic_at: float) -> None:
+        self.at = at
+        self.monotonic_at = monotonic_at
 
 
 class _ReusedError(CoordinatorError, RuntimeError):

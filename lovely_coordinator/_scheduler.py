@@ -494,6 +494,15 @@ class Scheduler:
             for ticket in sorted(foreground, key=_key):
                 self.fail(ticket, TupleSuspendedError(SUSPENDED_MESSAGE))
 
+    def retime(self, model_tuple: ModelTuple, reopens_at: float) -> None:
+        """Restate a timed closure's reopen time on another clock (same instant, new
+        numbers: the coordinator moved to another event loop). Unlike :meth:`close`, this
+        may move the time either way; the tuple must be closed with a reopen time."""
+        state = self._tuples[model_tuple]
+        assert not state.open
+        assert state.reopens_at is not None
+        state.reopens_at = reopens_at
+
     def open(self, model_tuple: ModelTuple) -> None:
         """Open the tuple's gate (fine when open); its waiters may be granted at once."""
         state = self._tuples.get(model_tuple)

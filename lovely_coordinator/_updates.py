@@ -17,17 +17,15 @@ get at least one snapshot showing the state after the burst, and never a stale o
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-import sys
 from collections.abc import AsyncGenerator, Callable
 from typing import final
 
 import anyio
 import anyio.lowlevel
 
-from ._backend import call_soon
+from ._backend import call_soon, current_loop
 from ._types import CoordinatorStatistics
 
 __all__ = ["StatisticsCallback", "UpdateHub"]
@@ -35,21 +33,6 @@ __all__ = ["StatisticsCallback", "UpdateHub"]
 _log = logging.getLogger("lovely_coordinator")
 
 StatisticsCallback = Callable[[CoordinatorStatistics], object]
-
-
-def _current_loop() -> object | None:
-    """An identity for the running event loop (the asyncio loop, or the trio token)."""
-    # asyncio's non-raising lookup first: an exception per call would cost microseconds.
-    loop = asyncio._get_running_loop()
-    if loop is not None:
-        return loop
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            return trio.lowlevel.current_trio_token()  # type: ignore[no-any-return]
-        except RuntimeError:
-            pass
-    return None
 
 
 @final
@@ -112,7 +95,7 @@ class UpdateHub:
             self._schedule_delivery()
 
     def _schedule_delivery(self) -> None:
-        loop = _current_loop()
+        loop = current_loop()
         if loop is None or loop is self._pending_on:
             return
         try:
@@ -185,7 +168,7 @@ class UpdateHub:
             yield self._snapshot()
 
     async def _next_change(self) -> None:
-        loop = _current_loop()
+        loop = current_loop()
         if self._changed is None or self._changed_on is not loop:
             # An event left by a loop that has ended cannot be awaited on this one.
             self._changed, self._changed_on = anyio.Event(), loop

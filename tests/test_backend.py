@@ -8,7 +8,13 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from lovely_coordinator._backend import NoEventLoop, call_at, call_soon, current_time_or_none
+from lovely_coordinator._backend import (
+    NoEventLoop,
+    call_at,
+    call_soon,
+    current_loop,
+    current_time_or_none,
+)
 
 MOCK_TRIO = pytest.mark.parametrize(
     "anyio_backend",
@@ -18,10 +24,29 @@ MOCK_TRIO = pytest.mark.parametrize(
 
 def test_outside_an_event_loop() -> None:
     assert current_time_or_none() is None
+    assert current_loop() is None
     with pytest.raises(NoEventLoop):
         call_soon(lambda: None)
     with pytest.raises(NoEventLoop):
         call_at(0.0, lambda: None)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_current_loop_is_one_identity_per_run(backend: str) -> None:
+    async def identity() -> object:
+        with anyio.fail_after(5):
+            loop = current_loop()
+            assert loop is not None
+            async with anyio.create_task_group() as tg:  # the same in every task of the run
+
+                async def child() -> None:
+                    assert current_loop() is loop
+
+                tg.start_soon(child)
+            return loop
+
+    first = anyio.run(identity, backend=backend)
+    assert anyio.run(identity, backend=backend) is not first
 
 
 @pytest.mark.anyio

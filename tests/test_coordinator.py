@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -624,6 +625,103 @@ def test_close_tuple_rejects_bad_reopen_after(bad: Any) -> None:
     with pytest.raises(InvalidArgumentError, match=r"^reopen_after must be"):
         coord.close_tuple(T, reopen_after=bad)
     assert coord.is_tuple_open(T)
+
+
+# A timed reopen outlives its event loop: a process-global coordinator serves several runs.
+SECOND_RUN = pytest.mark.parametrize("second_backend", ["asyncio", "trio"])
+
+
+def _close_in_a_run(coord: AgentCoordinator, reopen_after: float) -> float:
+    """Close ``T`` with a timed reopen inside an asyncio run that then ends; returns the
+    earliest ``time.monotonic()`` the reopen may happen at."""
+
+    async def close() -> None:
+        coord.close_tuple(T, reopen_after=reopen_after)  # sync: nothing to time out
+
+    earliest = time.monotonic() + reopen_after
+    anyio.run(close, backend="asyncio")
+    return earliest
+
+
+@SECOND_RUN
+def test_timed_reopen_is_rearmed_on_the_next_event_loop(second_backend: str) -> None:
+    coord = create_agent_coordinator(1)
+    delay = 0.3
+    earliest = _close_in_a_run(coord, delay)
+
+    async def wait_for_the_reopen() -> None:
+        with anyio.fail_after(5):
+            now = anyio.current_time()
+            reopens_at = coord.tuple_reopens_at(T)
+            # Restated on this run's clock (trio's starts at a random offset per run).
+            assert reopens_at is not None
+            assert now < reopens_at <= now + delay
+            assert not coord.is_tuple_open(T)
+            assert coord.statistics().tuples[0].reopens_at == reopens_at
+            granted = anyio.Event()
+
+            async def waiter() -> None:
+                async with coord.permit(T):
+                    granted.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await wait_all_tasks_blocked()
+                assert coord.queued_count == 1
+                await granted.wait()
+            # asyncio may run a timer up to one clock resolution early.
+            assert time.monotonic() >= earliest - 0.05
+            assert coord.is_tuple_open(T)
+            assert coord.tuple_reopens_at(T) is None
+            assert_idle(coord, 1)
+
+    anyio.run(wait_for_the_reopen, backend=second_backend)
+
+
+@SECOND_RUN
+def test_timed_reopen_that_elapsed_between_runs_is_open(second_backend: str) -> None:
+    coord = create_agent_coordinator(1)
+    earliest = _close_in_a_run(coord, 0.05)
+    time.sleep(max(0.0, earliest - time.monotonic()) + 0.01)  # real time has to pass
+
+    async def use_it() -> None:
+        with anyio.fail_after(5):
+            assert coord.is_tuple_open(T)
+            assert coord.tuple_reopens_at(T) is None
+            async with coord.permit(T, reject_on_closed_tuple=True):
+                assert coord.active_count == 1
+            assert_idle(coord, 1)
+
+    anyio.run(use_it, backend=second_backend)
+
+
+def test_timed_reopen_that_elapsed_is_seen_outside_any_loop() -> None:
+    coord = create_agent_coordinator(1)
+    earliest = _close_in_a_run(coord, 0.05)
+    assert not coord.is_tuple_open(T)  # not yet due: stays closed with no loop to time it
+    time.sleep(max(0.0, earliest - time.monotonic()) + 0.01)
+    assert coord.is_tuple_open(T)
+    assert coord.statistics().tuples == ()
+
+
+@SECOND_RUN
+def test_closing_again_on_the_next_loop_compares_on_its_clock(second_backend: str) -> None:
+    coord = create_agent_coordinator(1)
+    _close_in_a_run(coord, 60)
+
+    async def close_again() -> None:  # all sync: nothing to time out
+        now = anyio.current_time()
+        coord.close_tuple(T, reopen_after=1)  # shorter than what remains: ignored
+        reopens_at = coord.tuple_reopens_at(T)
+        assert reopens_at is not None
+        assert now + 59 < reopens_at <= now + 60
+        coord.close_tuple(T, reopen_after=120)  # later: replaces it
+        assert coord.tuple_reopens_at(T) == pytest.approx(anyio.current_time() + 120, abs=1)
+        coord.open_tuple(T)
+        assert coord.tuple_reopens_at(T) is None
+        assert_idle(coord, 1)
+
+    anyio.run(close_again, backend=second_backend)
 
 
 # -- lending ---------------------------------------------------------------------------------------

@@ -270,6 +270,21 @@ def test_close_never_shortens_a_closure() -> None:
     assert s.is_open(A)
 
 
+def test_retime_restates_a_timed_closure_either_way() -> None:
+    s = Scheduler(1)
+    waiter = enqueue(s, A)  # granted
+    queued = enqueue(s, A)
+    s.close(A, 100.0)
+    s.retime(A, 3.0)  # the same instant on another loop's clock may be a smaller number
+    assert reopens_at(s, A) == 3.0
+    s.retime(A, 7.0)
+    assert reopens_at(s, A) == 7.0
+    s.release(waiter)
+    assert queued.state == QUEUED  # still closed: nothing granted
+    s.open(A)
+    assert queued.state == GRANTED
+
+
 def reopens_at(s: Scheduler, t: ModelTuple) -> float | None:
     state = s.tuple_state(t)
     assert state is not None
