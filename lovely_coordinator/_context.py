@@ -50,9 +50,23 @@ def enter_permit(permit: AgentPermit, owner: object) -> Token[_Frame | None]:
     return _current.set((permit, owner, _current.get()))
 
 
-def exit_permit(token: Token[_Frame | None]) -> None:
-    """Restore what was current before the matching :func:`enter_permit`."""
-    _current.reset(token)
+def exit_permit(token: Token[_Frame | None], permit: AgentPermit) -> None:
+    """Undo the matching :func:`enter_permit` of ``permit``, as far as it is safe to.
+
+    In the context the permit was entered in, the outer value is restored (the token's
+    reset). An exit may run in another context, though: frameworks enter a stream's context
+    manager in one task and exit it in another (pydantic-ai does), and ``ContextVar.reset``
+    refuses a token from a different context. There, if ``permit`` is what that context
+    sees as current (it was copied from inside the body), its enclosing frame becomes
+    current again; otherwise that context never saw the permit (or has entered another one
+    since) and is left alone. Never raises, so the caller's release always happens.
+    """
+    try:
+        _current.reset(token)
+    except ValueError:  # a token of another context (RuntimeError, reused, cannot happen)
+        frame = _current.get()
+        if frame is not None and frame[0] is permit:
+            _current.set(frame[2])
 
 
 def find_permit(owner: object) -> AgentPermit | None:

@@ -426,6 +426,13 @@ class AgentCoordinator(CoordinatorRegistries):
         """``async with coordinator.permit(t) as permit:`` — acquire, make it the current
         permit for the body (and every task started in it), release on exit.
 
+        The exit may run in another task than the entry (an ``AsyncExitStack`` handed
+        over, a framework closing a stream elsewhere): the permit is released all the
+        same. The current permit is then restored only where that is sound: in the
+        exiting task's context if the permit is current there (its enclosing permit, if
+        any, becomes current again); the entering task's context keeps the (released)
+        permit as current until that task's context ends, since no other task can change it.
+
         Arguments and errors as for :meth:`acquire`.
         """
         return _PermitContext(self, t, acceptance_order, reject_on_closed_tuple)
@@ -633,10 +640,13 @@ class _PermitContext(_Admission):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._permit is not None
+        permit = self._permit
+        assert permit is not None
         assert self._token is not None
-        _context.exit_permit(self._token)
-        self._permit.release()
+        try:
+            _context.exit_permit(self._token, permit)
+        finally:
+            permit.release()
 
 
 @final
@@ -793,7 +803,7 @@ class AgentPermit:
         try:
             return await work()
         finally:
-            _context.exit_permit(token)
+            _context.exit_permit(token, self)
             self.release()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from typing import cast
 
 import anyio
@@ -29,10 +30,10 @@ def test_frames_nest_and_restore() -> None:
     assert current_permit() is bash_permit
     assert find_permit(agents) is agent_permit  # a coordinator finds the permit it issued
     assert find_permit(bash) is bash_permit
-    exit_permit(inner)
+    exit_permit(inner, bash_permit)
     assert current_permit() is agent_permit
     assert find_permit(bash) is None
-    exit_permit(outer)
+    exit_permit(outer, agent_permit)
     assert current_permit() is None
 
 
@@ -45,14 +46,38 @@ async def test_tasks_started_inside_inherit_the_permit() -> None:
 
         async def child() -> None:
             seen.append(current_permit())
-            token = enter_permit(fake(), owner)  # the child's own: never seen by the parent
-            exit_permit(token)
+            own = fake()
+            token = enter_permit(own, owner)  # the child's own: never seen by the parent
+            exit_permit(token, own)
 
         token = enter_permit(parent, owner)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(child)
         finally:
-            exit_permit(token)
+            exit_permit(token, parent)
         assert seen == [parent]
         assert current_permit() is None
+
+
+def test_exit_in_another_context_restores_only_where_the_permit_is_current() -> None:
+    owner = object()
+    outer, inner = fake(), fake()
+    outer_token = enter_permit(outer, owner)
+    inner_token = enter_permit(inner, owner)
+    copied = contextvars.copy_context()  # a task started in the body: the permit is current
+    exit_permit(outer_token, outer)  # same context: a plain reset
+    assert current_permit() is None
+
+    def exit_inner_in_the_copy() -> object:
+        exit_permit(inner_token, inner)  # a foreign token: no ValueError escapes
+        return current_permit()
+
+    assert copied.run(exit_inner_in_the_copy) is outer  # the enclosing frame is current again
+
+    def exit_where_never_seen() -> object:
+        exit_permit(inner_token, inner)
+        return current_permit()
+
+    unrelated = contextvars.Context()
+    assert unrelated.run(exit_where_never_seen) is None  # left alone

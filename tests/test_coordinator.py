@@ -389,6 +389,56 @@ async def test_permit_is_current_in_body_and_child_tasks() -> None:
         assert_idle(coord)
 
 
+async def test_permit_entered_in_one_task_and_exited_in_another() -> None:
+    """A stream's context manager entered in one task and closed in another (pydantic-ai
+    does this): the permit is released and no ``ContextVar.reset`` error escapes."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        stack = contextlib.AsyncExitStack()
+        entered = anyio.Event()
+        in_entering_task: list[AgentPermit | None] = []
+
+        async def enter() -> None:
+            permit = await stack.enter_async_context(coord.permit(T))
+            in_entering_task.append(current_permit())
+            assert permit.held
+            entered.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(enter)
+            await entered.wait()
+        assert coord.active_count == 1
+        assert current_permit() is None  # this task never saw the permit
+        await stack.aclose()  # exited here, in another task's context
+        assert current_permit() is None
+        [permit] = in_entering_task
+        assert permit is not None
+        assert permit.state == "released"
+        assert_idle(coord, 1)
+
+
+async def test_permit_exited_in_a_child_task_restores_the_enclosing_permit() -> None:
+    with anyio.fail_after(5):
+        agents, bash = create_agent_coordinator(1), create_agent_coordinator(1)
+        stack = contextlib.AsyncExitStack()
+        after_exit: list[AgentPermit | None] = []
+        async with agents.permit(T) as outer:
+            inner = await stack.enter_async_context(bash.permit(T))
+            assert current_permit() is inner
+
+            async def close_it() -> None:  # its context is a copy taken inside the body
+                await stack.aclose()
+                after_exit.append(current_permit())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close_it)
+            assert inner.state == "released"
+            assert after_exit == [outer]  # the child's context is restored
+            assert outer.held
+        assert_idle(agents, 1)
+        assert_idle(bash, 1)
+
+
 async def test_run_returns_and_reraises() -> None:
     with anyio.fail_after(5):
         coord = create_agent_coordinator()
