@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import Token
 from types import TracebackType
@@ -531,9 +531,14 @@ class AgentCoordinator(CoordinatorRegistries):
         """
         return self._hub.subscribe(callback)
 
-    def watch(self) -> AsyncIterator[CoordinatorStatistics]:
+    def watch(self) -> AsyncGenerator[CoordinatorStatistics]:
         """``async for s in coordinator.watch():`` the current statistics, then the latest
-        statistics after each change (coalesced)."""
+        statistics after each change (coalesced).
+
+        An async generator that never ends by itself: to leave it early, close it, e.g.
+        ``async with contextlib.aclosing(coordinator.watch()) as updates:`` (trio asks
+        this of every async generator left before it ends).
+        """
         return self._hub.watch()
 
 

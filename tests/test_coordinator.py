@@ -1275,7 +1275,26 @@ async def test_watch_yields_current_then_changes() -> None:
         permit = await coord.acquire(T)
         assert (await iterator.__anext__()).active == 1
         permit.release()
-        await iterator.aclose()  # type: ignore[attr-defined]
+        await iterator.aclose()
+
+
+async def test_watch_is_an_async_generator_for_aclosing() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        seen: list[int] = []
+        permit: AgentPermit | None = None
+        async with contextlib.aclosing(coord.watch()) as updates:
+            async for statistics in updates:
+                seen.append(statistics.active)
+                if statistics.active == 1:
+                    break  # leaving early: aclosing closes the generator
+                permit = await coord.acquire(T)
+        assert seen == [0, 1]
+        with pytest.raises(StopAsyncIteration):  # closed when the block was left
+            await anext(updates)
+        assert permit is not None
+        permit.release()
+        assert_idle(coord, 2)
 
 
 def test_resident_count_is_published() -> None:
