@@ -474,12 +474,24 @@ class AgentCoordinator(CoordinatorRegistries):
 
     # -- lending -------------------------------------------------------------------------------
 
+    def current_permit(self) -> AgentPermit | None:
+        """The permit of *this* coordinator the calling code runs under, or ``None``.
+
+        The innermost current permit issued by this coordinator, skipping permits of other
+        coordinators nested around or inside it (the module-level ``current_permit()``
+        returns the innermost permit of any coordinator). Integrations use it to decide
+        whether a request already holds a slot here: a permit from the Bash pool must not
+        stand in for a model permit. Like ``current_permit()``, a permit stays current
+        after it is released, until its body ends; check ``permit.held``.
+        """
+        return _context.find_permit(self)
+
     async def with_lent_permit(self, wait: Callable[[], Awaitable[T]]) -> T:
         """Await ``wait()`` while lending the current permit of this coordinator, if any.
 
         See :meth:`AgentPermit.lend`; without a current permit this is ``await wait()``.
         """
-        permit = _context.find_permit(self)
+        permit = self.current_permit()
         if permit is None:
             return await wait()
         return await permit.lend(wait)
@@ -487,7 +499,7 @@ class AgentCoordinator(CoordinatorRegistries):
     @asynccontextmanager
     async def lending(self) -> AsyncIterator[None]:
         """``async with coordinator.lending():`` — :meth:`with_lent_permit` for a block."""
-        permit = _context.find_permit(self)
+        permit = self.current_permit()
         if permit is None or permit._ticket.state == DONE:
             yield
             return

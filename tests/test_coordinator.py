@@ -493,6 +493,25 @@ async def test_nested_coordinators_lend_their_own_permit() -> None:
         assert_idle(bash)
 
 
+async def test_current_permit_of_a_coordinator_is_its_own_innermost() -> None:
+    with anyio.fail_after(5):
+        agents = create_agent_coordinator(2)
+        bash = create_agent_coordinator(1)
+        assert agents.current_permit() is None
+        async with agents.permit(T) as outer:
+            async with bash.permit(T) as bash_permit:
+                assert current_permit() is bash_permit  # the innermost of any coordinator
+                assert agents.current_permit() is outer  # skips the Bash pool's
+                assert bash.current_permit() is bash_permit
+                async with agents.permit(U) as inner:
+                    assert agents.current_permit() is inner
+                    assert bash.current_permit() is bash_permit
+            assert bash.current_permit() is None
+        assert agents.current_permit() is None
+        assert_idle(agents, 2)
+        assert_idle(bash, 1)
+
+
 # -- tuple gates and caps --------------------------------------------------------------------------
 
 

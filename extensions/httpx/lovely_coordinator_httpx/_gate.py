@@ -24,7 +24,6 @@ from lovely_coordinator import (
     AgentCoordinator,
     AgentPermit,
     ModelTuple,
-    current_permit,
     get_agent_coordinator,
 )
 
@@ -116,7 +115,7 @@ class Gate(Generic[RequestT, ResponseT]):
         if found is None:
             return await send(request)
         t = as_model_tuple(found)
-        inherited = current_permit()
+        inherited = self.coordinator.current_permit()  # a Bash-pool permit is no model slot
         permit: AgentPermit | None = None
         if inherited is None or not inherited.held:
             permit = await self.coordinator.acquire(t, reject_on_closed_tuple=self._reject)

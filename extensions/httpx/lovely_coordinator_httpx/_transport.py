@@ -27,8 +27,10 @@ class CoordinatedTransport(
     waits for a permit on it, and keeps that permit until the response body is closed, so
     a streamed completion counts against the cap for as long as it streams, not just until
     its headers arrive. A request that names no model is sent without a permit, and so is
-    a request made while the task already holds a permit (``current_permit()``), which
-    would otherwise wait for a second slot behind itself.
+    a request made while the task already holds a permit of the transport's own
+    coordinator (``coordinator.current_permit()``), which would otherwise wait for a
+    second slot behind itself; a permit of another coordinator (the Bash pool) does not
+    count.
 
     Responses feed the :class:`~lovely_coordinator_limits.ProviderLimitHandler`: a limit
     (429, or a client error whose body names a quota or billing limit) closes the tuple for

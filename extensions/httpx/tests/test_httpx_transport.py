@@ -142,6 +142,34 @@ async def test_a_request_under_a_held_permit_uses_it(provider: FakeProvider, url
         assert coordinator.active_count == 0
 
 
+async def test_a_permit_of_another_coordinator_does_not_stand_in(
+    provider: FakeProvider, url: str
+) -> None:
+    """Only a permit of the transport's own coordinator is used: a request made under a
+    Bash-pool permit still waits for a model slot."""
+    with anyio.fail_after(10):
+        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
+        t = ModelTuple("local", "gpt-test")
+        answers: list[str | None] = []
+        async with _openai(url, _transport(coordinator)) as client:
+            held = await coordinator.acquire(t)
+            async with anyio.create_task_group() as tg:
+
+                async def ask_under_a_bash_permit() -> None:
+                    async with bash.permit(("bash", "pool")) as bash_permit:
+                        assert coordinator.current_permit() is None
+                        assert bash.current_permit() is bash_permit
+                        answers.append(await _chat(client, "gpt-test"))
+
+                tg.start_soon(ask_under_a_bash_permit)
+                await _until(coordinator, lambda s: s.queued == 1)
+                assert provider.seen() == []
+                held.release()
+        assert answers == ["ok"]
+        assert coordinator.active_count == 0
+        assert bash.active_count == 0
+
+
 @openai_sse_on_trio
 async def test_openai_stream_holds_the_permit_until_closed(
     provider: FakeProvider, url: str

@@ -14,7 +14,7 @@ from pydantic_ai.models import KnownModelName, Model, ModelRequestParameters, St
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from lovely_coordinator import AgentCoordinator, ModelTuple, current_permit, get_agent_coordinator
+from lovely_coordinator import AgentCoordinator, ModelTuple, get_agent_coordinator
 
 __all__ = ["CoordinatedModel", "tuple_of"]
 
@@ -38,9 +38,11 @@ class CoordinatedModel(WrapperModel):
     underneath does not take a second one; a stream's is not (pydantic-ai may close the
     stream from another task), so do not stack the two for streamed requests.
 
-    A request made while the task already holds a permit (an agent run under
-    ``coordinator.permit(...)``, as :class:`~lovely_coordinator_pydantic_ai.AgentTree` runs
-    them) uses that one instead of queueing for a second slot behind itself.
+    A request made while the task already holds a permit of the model's coordinator (an
+    agent run under ``coordinator.permit(...)``, as
+    :class:`~lovely_coordinator_pydantic_ai.AgentTree` runs them; see
+    ``AgentCoordinator.current_permit()``) uses that one instead of queueing for a second
+    slot behind itself. A permit of another coordinator (the Bash pool) does not count.
 
     Failures are reported to the limit handler, which closes the tuple on a provider limit;
     successes end a half-open probe.
@@ -108,7 +110,7 @@ class CoordinatedModel(WrapperModel):
         t = self.tuple
         reject = self.reject_on_closed_tuple
         async with AsyncExitStack() as stack:
-            inherited = current_permit()
+            inherited = self.coordinator.current_permit()  # of this coordinator only
             if inherited is None or not inherited.held:
                 if current:
                     await stack.enter_async_context(

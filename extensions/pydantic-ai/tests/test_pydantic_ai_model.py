@@ -82,6 +82,31 @@ async def test_requests_under_a_held_permit_use_it() -> None:
         assert coordinator.active_count == 0
 
 
+@pytest.mark.asyncio
+async def test_a_permit_of_another_coordinator_does_not_stand_in() -> None:
+    """A request made under a Bash-pool permit still waits for the model's own slot."""
+    with anyio.fail_after(5):
+        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
+        agent = Agent(CoordinatedModel(TestModel(custom_output_text="hi"), coordinator=coordinator))
+        outputs: list[str] = []
+        held = await coordinator.acquire(("test", "test"))
+
+        async def run_under_a_bash_permit() -> None:
+            async with bash.permit(("bash", "pool")):
+                outputs.append((await agent.run("go")).output)
+                assert coordinator.active_count == 0  # the model's permit was its own
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_under_a_bash_permit)
+            await wait_all_tasks_blocked()
+            assert coordinator.queued_count == 1
+            assert outputs == []
+            held.release()
+        assert outputs == ["hi"]
+        assert coordinator.active_count == 0
+        assert bash.active_count == 0
+
+
 def _rate_limited(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     raise ModelHTTPError(
         429,
