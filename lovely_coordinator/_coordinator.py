@@ -538,6 +538,11 @@ class AgentCoordinator(CoordinatorRegistries):
         """Call ``callback(statistics)`` after scheduling changes: asynchronously (never
         inside the scheduling call), coalesced, exceptions logged and swallowed.
 
+        The callback runs in the contextvars context of this ``subscribe()`` call (a
+        snapshot taken now, as ``Future.add_done_callback`` does), not in whatever
+        context the event loop happens to deliver from; each call gets a fresh copy of
+        that snapshot, so what one call sets in context variables is gone by the next.
+
         Returns:
             An idempotent unsubscribe that removes this subscription only.
         """

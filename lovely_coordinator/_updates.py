@@ -26,6 +26,7 @@ import anyio
 import anyio.lowlevel
 
 from ._backend import call_soon, current_loop
+from ._context import bind_to_snapshot
 from ._types import CoordinatorStatistics
 
 __all__ = ["StatisticsCallback", "UpdateHub"]
@@ -37,12 +38,16 @@ StatisticsCallback = Callable[[CoordinatorStatistics], object]
 
 @final
 class _Subscription:
-    """One ``subscribe`` call. Its identity is what the matching unsubscribe removes."""
+    """One ``subscribe`` call. Its identity is what the matching unsubscribe removes.
 
-    __slots__ = ("callback",)
+    ``call`` is the callback bound to the context of the ``subscribe`` call.
+    """
+
+    __slots__ = ("call", "callback")
 
     def __init__(self, callback: StatisticsCallback) -> None:
         self.callback = callback
+        self.call = bind_to_snapshot(callback)
 
 
 @final
@@ -108,6 +113,8 @@ class UpdateHub:
         """Call ``callback(statistics)`` after changes, on the event loop, coalesced.
 
         The callback must be synchronous; exceptions it raises are logged and swallowed.
+        Each call runs in a fresh copy of the contextvars context this ``subscribe`` was
+        called in (see :func:`~lovely_coordinator._context.bind_to_snapshot`).
         Subscribing the same callback twice makes two independent subscriptions.
 
         Returns:
@@ -135,7 +142,7 @@ class UpdateHub:
             if subscription not in self._subscriptions:
                 continue
             try:
-                result = subscription.callback(statistics)
+                result = subscription.call(statistics)
             except Exception:
                 _log.exception(
                     "lovely_coordinator: statistics callback %r failed", subscription.callback

@@ -8,7 +8,13 @@ from typing import cast
 import anyio
 import pytest
 
-from lovely_coordinator._context import current_permit, enter_permit, exit_permit, find_permit
+from lovely_coordinator._context import (
+    bind_to_snapshot,
+    current_permit,
+    enter_permit,
+    exit_permit,
+    find_permit,
+)
 from lovely_coordinator._coordinator import AgentPermit
 
 
@@ -81,3 +87,20 @@ def test_exit_in_another_context_restores_only_where_the_permit_is_current() -> 
 
     unrelated = contextvars.Context()
     assert unrelated.run(exit_where_never_seen) is None  # left alone
+
+
+_value: contextvars.ContextVar[int] = contextvars.ContextVar("value", default=0)
+
+
+def test_bind_to_snapshot_runs_each_call_in_a_fresh_copy_of_the_snapshot() -> None:
+    def bump(by: int) -> int:
+        _value.set(_value.get() + by)
+        return _value.get()
+
+    token = _value.set(10)
+    bound = bind_to_snapshot(bump)
+    _value.reset(token)  # later changes of the caller's context are not seen
+    assert bound(1) == 11
+    assert bound(2) == 12  # not 13: the first call's change did not outlive it
+    assert _value.get() == 0  # and never leaks into the calling context
+    assert contextvars.Context().run(bound, 5) == 15  # whatever context it is called from

@@ -1285,6 +1285,26 @@ async def test_statistics_and_subscribe() -> None:
         assert "0/3 active" in repr(coord)
 
 
+async def test_subscribe_callbacks_run_in_the_subscribers_context() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(2)
+        seen: list[AgentPermit | None] = []
+        got = anyio.Event()
+
+        def callback(stats: CoordinatorStatistics) -> None:
+            seen.append(current_permit())
+            got.set()
+
+        async with coord.permit(T) as permit:
+            unsubscribe = coord.subscribe(callback)  # subscribed under the permit
+        coord.set_max_concurrency(3)  # notified, and delivered, outside it
+        await got.wait()
+        assert seen[-1] is permit
+        assert current_permit() is None
+        unsubscribe()
+        assert_idle(coord, 3)
+
+
 async def test_watch_yields_current_then_changes() -> None:
     with anyio.fail_after(5):
         coord = create_agent_coordinator(2)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 import anyio
@@ -78,6 +79,47 @@ async def test_a_burst_is_delivered_later_once_with_the_latest_state() -> None:
         state.change(6)
         await recorder.next()
         assert recorder.values == [5, 6]
+
+
+_who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+@pytest.mark.anyio
+async def test_a_callback_runs_in_a_fresh_copy_of_its_subscribe_context() -> None:
+    with anyio.fail_after(5):
+        state = State()
+        seen: list[tuple[str, str, int]] = []
+        delivered = anyio.Event()
+
+        def make_callback(name: str) -> Callable[[CoordinatorStatistics], None]:
+            def callback(statistics: CoordinatorStatistics) -> None:
+                seen.append((name, _who.get(), statistics.max_concurrency))
+                _who.set("changed by the callback")  # gone by the next delivery
+                if len(seen) % 2 == 0:
+                    delivered.set()
+
+            return callback
+
+        async def subscribe_as(name: str) -> None:
+            _who.set(name)  # this task's own context
+            state.hub.subscribe(make_callback(name))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscribe_as, "first")
+            tg.start_soon(subscribe_as, "second")
+        _who.set("notifier")
+        state.change(1)  # delivered from the loop, where the notifier's context is not
+        await delivered.wait()
+        delivered = anyio.Event()
+        state.change(2)
+        await delivered.wait()
+        assert sorted(seen) == [
+            ("first", "first", 1),
+            ("first", "first", 2),
+            ("second", "second", 1),
+            ("second", "second", 2),
+        ]
+        assert _who.get() == "notifier"
 
 
 @pytest.mark.anyio
