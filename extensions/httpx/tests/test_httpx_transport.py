@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -106,9 +107,14 @@ async def _message(client: anthropic.AsyncAnthropic, model: str) -> str:
     return block.text
 
 
-async def test_a_request_waits_for_a_permit(provider: FakeProvider, url: str) -> None:
+@pytest.mark.parametrize("under_a_bash_permit", [False, True])
+async def test_a_request_waits_for_a_permit(
+    provider: FakeProvider, url: str, under_a_bash_permit: bool
+) -> None:
+    """Also when the caller holds a permit of another coordinator (the Bash pool): only a
+    permit of the transport's own coordinator stands in for the request's."""
     with anyio.fail_after(10):
-        coordinator = create_agent_coordinator(1)
+        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
         t = ModelTuple("local", "gpt-test")
         answers: list[str | None] = []
         async with _openai(url, _transport(coordinator)) as client:
@@ -116,7 +122,10 @@ async def test_a_request_waits_for_a_permit(provider: FakeProvider, url: str) ->
             async with anyio.create_task_group() as tg:
 
                 async def ask() -> None:
-                    answers.append(await _chat(client, "gpt-test"))
+                    async with contextlib.AsyncExitStack() as stack:
+                        if under_a_bash_permit:
+                            await stack.enter_async_context(bash.permit(("bash", "pool")))
+                        answers.append(await _chat(client, "gpt-test"))
 
                 tg.start_soon(ask)
                 # Event-driven, not wait_all_tasks_blocked(): the SDK may park the task on a
@@ -127,6 +136,7 @@ async def test_a_request_waits_for_a_permit(provider: FakeProvider, url: str) ->
         assert answers == ["ok"]
         assert coordinator.active_count == 0
         assert coordinator.queued_count == 0
+        assert bash.active_count == 0
 
 
 async def test_a_request_under_a_held_permit_uses_it(provider: FakeProvider, url: str) -> None:
@@ -140,34 +150,6 @@ async def test_a_request_under_a_held_permit_uses_it(provider: FakeProvider, url
             assert await _chat(client, "gpt-test") == "ok"
             assert coordinator.active_count == 1
         assert coordinator.active_count == 0
-
-
-async def test_a_permit_of_another_coordinator_does_not_stand_in(
-    provider: FakeProvider, url: str
-) -> None:
-    """Only a permit of the transport's own coordinator is used: a request made under a
-    Bash-pool permit still waits for a model slot."""
-    with anyio.fail_after(10):
-        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
-        t = ModelTuple("local", "gpt-test")
-        answers: list[str | None] = []
-        async with _openai(url, _transport(coordinator)) as client:
-            held = await coordinator.acquire(t)
-            async with anyio.create_task_group() as tg:
-
-                async def ask_under_a_bash_permit() -> None:
-                    async with bash.permit(("bash", "pool")) as bash_permit:
-                        assert coordinator.current_permit() is None
-                        assert bash.current_permit() is bash_permit
-                        answers.append(await _chat(client, "gpt-test"))
-
-                tg.start_soon(ask_under_a_bash_permit)
-                await _until(coordinator, lambda s: s.queued == 1)
-                assert provider.seen() == []
-                held.release()
-        assert answers == ["ok"]
-        assert coordinator.active_count == 0
-        assert bash.active_count == 0
 
 
 @openai_sse_on_trio

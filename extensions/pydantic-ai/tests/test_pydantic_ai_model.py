@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import anyio
@@ -31,15 +32,21 @@ def test_default_tuple_is_system_and_model_name() -> None:
 
 
 @pytest.mark.asyncio
-async def test_each_request_waits_for_a_permit() -> None:
+@pytest.mark.parametrize("under_a_bash_permit", [False, True])
+async def test_each_request_waits_for_a_permit(under_a_bash_permit: bool) -> None:
+    """Also when the caller holds a permit of another coordinator (the Bash pool): only a
+    permit of the model's own coordinator stands in for the model's."""
     with anyio.fail_after(5):
-        coordinator = create_agent_coordinator(1)
+        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
         agent = Agent(CoordinatedModel(TestModel(custom_output_text="hi"), coordinator=coordinator))
         outputs: list[str] = []
         held = await coordinator.acquire(("test", "test"))
 
         async def run() -> None:
-            outputs.append((await agent.run("go")).output)
+            async with contextlib.AsyncExitStack() as stack:
+                if under_a_bash_permit:
+                    await stack.enter_async_context(bash.permit(("bash", "pool")))
+                outputs.append((await agent.run("go")).output)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
@@ -49,6 +56,7 @@ async def test_each_request_waits_for_a_permit() -> None:
             held.release()
         assert outputs == ["hi"]
         assert coordinator.active_count == 0
+        assert bash.active_count == 0
 
 
 @pytest.mark.asyncio
@@ -80,31 +88,6 @@ async def test_requests_under_a_held_permit_use_it() -> None:
             await agent.run("go")
             assert coordinator.active_count == 1
         assert coordinator.active_count == 0
-
-
-@pytest.mark.asyncio
-async def test_a_permit_of_another_coordinator_does_not_stand_in() -> None:
-    """A request made under a Bash-pool permit still waits for the model's own slot."""
-    with anyio.fail_after(5):
-        coordinator, bash = create_agent_coordinator(1), create_agent_coordinator(1)
-        agent = Agent(CoordinatedModel(TestModel(custom_output_text="hi"), coordinator=coordinator))
-        outputs: list[str] = []
-        held = await coordinator.acquire(("test", "test"))
-
-        async def run_under_a_bash_permit() -> None:
-            async with bash.permit(("bash", "pool")):
-                outputs.append((await agent.run("go")).output)
-                assert coordinator.active_count == 0  # the model's permit was its own
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_under_a_bash_permit)
-            await wait_all_tasks_blocked()
-            assert coordinator.queued_count == 1
-            assert outputs == []
-            held.release()
-        assert outputs == ["hi"]
-        assert coordinator.active_count == 0
-        assert bash.active_count == 0
 
 
 def _rate_limited(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
