@@ -38,32 +38,42 @@ async def test_a_token_is_the_server_time_of_its_grant(redis_client: Any) -> Non
 
 
 @pytest.mark.asyncio
-async def test_counter_ahead_of_the_clock_stalls_the_grant_instead_of_reusing_numbers(
+async def test_counter_ahead_of_the_clock_is_passed_at_once(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        # As after a backward step of the server clock by an hour: the last token is in
+        # the future. The grant must not wait for the clock to catch up.
+        ahead = await server_time_us(redis_client) + 3_600_000_000
+        await redis_client.set("lovely:{c}:fence", ahead)
+        locker = RedisLocker(redis_client)
+        async with await locker.acquire("c") as first:
+            assert first.fence == ahead + 1
+        async with await locker.acquire("c") as second:
+            assert second.fence == ahead + 2
+
+
+@pytest.mark.asyncio
+async def test_grants_within_one_microsecond_still_get_increasing_tokens(
     redis_client: Any,
 ) -> None:
     with anyio.fail_after(5):
-        # As after a backward step of the server clock: the last token is in the future.
-        ahead = await server_time_us(redis_client) + 300_000
-        await redis_client.set("lovely:{c}:fence", ahead)
-        acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
-        tag, wait_us = await acquire(
-            ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting"], ["me", 1000, 10_000]
+        # The minting rule itself, fed one reading of the clock three times over.
+        same_instant = redis_client.register_script(
+            scripts._PRELUDE
+            + "local now = now_us()\n"
+            + "return {mint(KEYS[1], 10000, now), mint(KEYS[1], 10000, now), now}"
         )
-        assert tag == scripts.CLOCK_BEHIND
-        assert 0 < wait_us <= 300_001
-        assert await redis_client.exists("lovely:{c}:lock") == 0
-        lease = await RedisLocker(redis_client).acquire("c")  # waits for the clock
-        assert lease.fence > ahead
-        await lease.release()
+        first, second, now = await same_instant(["lovely:{c}:fence"], [])
+        assert (first, second) == (now, now + 1)
+        assert int(await redis_client.get("lovely:{c}:fence")) == now + 1
 
 
 @pytest.mark.asyncio
 async def test_pool_tokens_follow_the_same_rule(redis_client: Any) -> None:
     with anyio.fail_after(5):
-        ahead = await server_time_us(redis_client) + 200_000
+        ahead = await server_time_us(redis_client) + 3_600_000_000
         await redis_client.set("lovely:{pool:p}:fence", ahead)
         async with RedisPermitPool(redis_client, name="p", limit=1).permit() as permit:
-            assert permit.fence > ahead
+            assert permit.fence == ahead + 1
 
 
 @pytest.mark.asyncio
