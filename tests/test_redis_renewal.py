@@ -75,6 +75,27 @@ async def test_failing_renewals_are_retried_then_lost_before_the_ttl(
 
 
 @pytest.mark.asyncio
+async def test_unexpected_renewal_errors_are_retried_and_still_end_in_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        calls = 0
+
+        async def renew() -> bool:
+            nonlocal calls
+            calls += 1
+            raise ValueError("a reply the client could not parse")
+
+        start = anyio.current_time()
+        renewer = Renewer(0.3, start, renew, "test grant")
+        with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            await renewer.lost.wait()  # the watchdog must not die with the error
+        assert calls >= 3
+        assert "a reply the client could not parse" in caplog.text
+        await renewer.stop()
+
+
+@pytest.mark.asyncio
 async def test_hanging_renewal_is_lost_at_the_deadline() -> None:
     with anyio.fail_after(5):
 

@@ -48,7 +48,7 @@ def local_deadline(sent_at: float, ttl: float) -> float:
 class Renewer:
     """Renews every ``ttl / 3``; sets :attr:`lost` when a renewal is refused or the deadline passes.
 
-    After a failed attempt (an error or no answer) it retries every ``ttl / 10`` until the
+    After a failed attempt (any error, or no answer) it retries every ``ttl / 10`` until the
     deadline. ``renew()`` returns True when the server confirmed the grant is still held.
     """
 
@@ -93,8 +93,11 @@ class Renewer:
             with anyio.move_on_at(self._deadline):
                 try:
                     held = await self._renew()
-                except (RedisError, OSError) as exc:
-                    _log.warning("renewing %s failed: %r", self._name, exc)
+                except Exception as exc:
+                    # Anything, not only a connection error: a watchdog that died here
+                    # would leave the grant looking held long after the server dropped it.
+                    unexpected = not isinstance(exc, RedisError | OSError)
+                    _log.warning("renewing %s failed: %r", self._name, exc, exc_info=unexpected)
                     next_attempt = sent + self._ttl / 10
                     continue
                 if not held:
