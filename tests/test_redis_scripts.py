@@ -92,6 +92,25 @@ async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: A
 
 
 @pytest.mark.asyncio
+async def test_retried_pool_acquire_never_returns_an_expired_permit(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        acquire = redis_client.register_script(scripts.POOL_ACQUIRE)
+        keys = [f"lovely:{{pool:p}}:{part}" for part in ("h", "q", "w", "t", "f", "g")]
+        args = ["me", 1, 5000, 5000, 10_000, "events"]
+        tag, first_fence, first_ticket = await acquire(keys, args)
+        assert (tag, first_ticket) == (scripts.GRANTED, 1)
+        await redis_client.zadd(keys[0], {"me": 0}, xx=True)  # it expired meanwhile
+        # The retry (as after a lost reply) must not hand back the lapsed permit: it is
+        # purged, and the caller is granted afresh, with a live expiry.
+        tag, fence, ticket = await acquire(keys, args)
+        assert (tag, ticket) == (scripts.GRANTED, 2)
+        assert fence > first_fence
+        [(_, expiry)] = await redis_client.zrange(keys[0], 0, -1, withscores=True)
+        seconds, _ = await redis_client.time()
+        assert expiry > int(seconds) * 1000
+
+
+@pytest.mark.asyncio
 async def test_gate_close_keeps_the_later_reopen_time(redis_client: Any) -> None:
     with anyio.fail_after(5):
         close = redis_client.register_script(scripts.GATE_CLOSE)

@@ -172,15 +172,17 @@ POOL_ACQUIRE: Final = (
     _POOL_PRELUDE
     + """
 local id, limit = ARGV[1], tonumber(ARGV[2])
-local grant = redis.call('HGET', KEYS[6], id)
-if grant and redis.call('ZSCORE', KEYS[1], id) then
-  -- A retried call whose first reply was lost: the grant stands.
-  local fence, ticket = string.match(grant, '(%d+) (%d+)')
-  return {1, tonumber(fence), tonumber(ticket)}
-end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local purged = purge(now_ms)
+local grant = redis.call('HGET', KEYS[6], id)
+if grant and redis.call('ZSCORE', KEYS[1], id) then
+  -- A retried call whose first reply was lost: the grant stands, unless it expired
+  -- meanwhile (then purge() dropped it, and the caller queues afresh).
+  if purged > 0 then announce(limit, ARGV[6]) end
+  local fence, ticket = string.match(grant, '(%d+) (%d+)')
+  return {1, tonumber(fence), tonumber(ticket)}
+end
 local ticket = redis.call('ZSCORE', KEYS[2], id)
 if not ticket then
   ticket = redis.call('INCR', KEYS[4])
