@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
-import redis.asyncio
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
 from lovely_coordinator._redis.server import ThrowawayServer
@@ -93,11 +93,12 @@ def test_bad_key() -> None:
 
 
 @pytest.mark.asyncio
-async def test_works_with_a_decoding_client(redis_server: ThrowawayServer) -> None:
+async def test_works_with_a_decoding_client(
+    redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
     with anyio.fail_after(5):
-        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        client = redis_connect(redis_server.url, decode_responses=True)
         log = FencedLog(client, "decoded")
         await log.append(2, "ünïcode")
         assert await log.entries() == [(2, "ünïcode")]
         assert await log.high_water() == 2
-        await client.aclose()
