@@ -80,7 +80,7 @@ async def test_pool_tokens_follow_the_same_rule(redis_client: Any) -> None:
 async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: Any) -> None:
     with anyio.fail_after(5):
         acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
-        keys = ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting"]
+        keys = ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting", "lovely:{c}:x"]
         first = await acquire(keys, ["me", 5000, 10_000])
         again = await acquire(keys, ["me", 5000, 10_000])
         other = await acquire(keys, ["you", 5000, 10_000])
@@ -95,7 +95,7 @@ async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: A
 async def test_retried_pool_acquire_never_returns_an_expired_permit(redis_client: Any) -> None:
     with anyio.fail_after(5):
         acquire = redis_client.register_script(scripts.POOL_ACQUIRE)
-        keys = [f"lovely:{{pool:p}}:{part}" for part in ("h", "q", "w", "t", "f", "g")]
+        keys = [f"lovely:{{pool:p}}:{part}" for part in ("h", "q", "w", "t", "f", "g", "x")]
         args = ["me", 1, 5000, 5000, 10_000, "events"]
         tag, first_fence, first_ticket = await acquire(keys, args)
         assert (tag, first_ticket) == (scripts.GRANTED, 1)
@@ -108,6 +108,45 @@ async def test_retried_pool_acquire_never_returns_an_expired_permit(redis_client
         [(_, expiry)] = await redis_client.zrange(keys[0], 0, -1, withscores=True)
         seconds, _ = await redis_client.time()
         assert expiry > int(seconds) * 1000
+
+
+@pytest.mark.asyncio
+async def test_an_acquire_overtaken_by_its_own_clean_up_grants_nothing(
+    redis_client: Any,
+) -> None:
+    with anyio.fail_after(5):
+        # The clean-up of an abandoned attempt travels on another connection than the
+        # attempt's last request, so the server may run the two in either order.
+        acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
+        release = redis_client.register_script(scripts.LOCK_RELEASE)
+        keys = ["lovely:{c}:lock", "lovely:{c}:fence", "lovely:{c}:waiting"]
+        tombstone = "lovely:{c}:abandoned:me"
+        assert await release([keys[0], keys[2], tombstone], ["me", "ch", "c", 5000]) == 0
+        tag, _ = await acquire([*keys, tombstone], ["me", 5000, 10_000])
+        assert tag == scripts.WAITING
+        assert await redis_client.exists(keys[0]) == 0  # no ghost lease
+        assert 0 < await redis_client.pttl(tombstone) <= 5000  # and no lasting litter
+        # An ordinary release leaves no tombstone behind.
+        tag, _ = await acquire([*keys, "lovely:{c}:abandoned:you"], ["you", 5000, 10_000])
+        assert tag == scripts.GRANTED
+        assert await release([keys[0], keys[2], "lovely:{c}:abandoned:you"], ["you", "ch", "c", 0])
+        assert await redis_client.exists("lovely:{c}:abandoned:you") == 0
+
+
+@pytest.mark.asyncio
+async def test_a_pool_acquire_overtaken_by_its_own_clean_up_takes_no_place(
+    redis_client: Any,
+) -> None:
+    with anyio.fail_after(5):
+        acquire = redis_client.register_script(scripts.POOL_ACQUIRE)
+        leave = redis_client.register_script(scripts.POOL_LEAVE)
+        keys = [f"lovely:{{pool:p}}:{part}" for part in ("h", "q", "w", "t", "f", "g")]
+        tombstone = "lovely:{pool:p}:abandoned:me"
+        assert await leave([*keys, tombstone], ["me", 1, "ch", 5000]) == 0
+        tag, _, _ = await acquire([*keys, tombstone], ["me", 1, 5000, 5000, 10_000, "ch"])
+        assert tag == scripts.WAITING
+        for key in keys[:3]:  # neither a permit nor a queue place
+            assert await redis_client.zcard(key) == 0
 
 
 @pytest.mark.asyncio
@@ -143,7 +182,7 @@ class PoolModel(RuleBasedStateMachine):
 
     url = ""  # the server's, set by the test (hypothesis builds the instances)
     LIMIT = 2
-    KEYS = tuple(f"model:{{pool}}:{part}" for part in ("h", "q", "w", "t", "f", "g"))
+    KEYS = tuple(f"model:{{pool}}:{part}" for part in ("h", "q", "w", "t", "f", "g", "x"))
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,7 +234,7 @@ class PoolModel(RuleBasedStateMachine):
         member = data.draw(st.sampled_from(sorted((self.holders | set(self.queue)) - self.dead)))
         self.purge()
         held = member in self.holders
-        assert self.leave(self.KEYS, [member, self.LIMIT, "model:events"]) == int(held)
+        assert self.leave(self.KEYS, [member, self.LIMIT, "model:events", 0]) == int(held)
         self.holders.discard(member)
         self.queue.pop(member, None)
 

@@ -67,12 +67,17 @@ local function mint(fence_key, fence_ttl_ms, now)
 end
 """
 
-# KEYS: lock, fence counter, "someone is waiting" flag
+# KEYS: lock, fence counter, "someone is waiting" flag, this owner's tombstone
 # ARGV: owner (unique per acquire call), ttl ms, fence-counter ttl ms
 # -> {GRANTED, token} | {WAITING, remaining ttl ms or -1}
 LOCK_ACQUIRE: Final = (
     _PRELUDE
     + """
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  -- The attempt was abandoned and cleaned up already: this request was overtaken by its
+  -- own clean-up (they travel on different connections), and nobody awaits the grant.
+  return {0, -1}
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, mint(KEYS[2], ARGV[3], now_us())}
 end
@@ -97,9 +102,15 @@ end
 return 0
 """
 
-# KEYS: lock, waiting flag; ARGV: owner, channel, message -> 1 deleted | 0 not ours
+# KEYS: lock, waiting flag, the owner's tombstone
+# ARGV: owner, channel, message, tombstone ttl ms ('0' for a release, the lease ttl for the
+# clean-up of an abandoned attempt) -> 1 deleted | 0 not ours
 LOCK_RELEASE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if ARGV[4] ~= '0' then
+    -- A request of the abandoned attempt may still be on its way: refuse it on arrival.
+    redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+  end
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -132,7 +143,7 @@ return {1, redis.call('RPUSH', KEYS[1], fence .. ':' .. ARGV[2]) - 1}
 
 # The permit pool. KEYS (all scripts): holders (zset id -> expiry ms), queue (zset id ->
 # ticket), waiter heartbeats (zset id -> expiry ms), ticket counter, fence counter,
-# grants (hash id -> "fence ticket").
+# grants (hash id -> "fence ticket"), and (acquire, leave) the id's tombstone.
 _POOL_PRELUDE = (
     _PRELUDE
     + """
@@ -172,6 +183,9 @@ POOL_ACQUIRE: Final = (
     _POOL_PRELUDE
     + """
 local id, limit = ARGV[1], tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return {0, -1, 0}  -- overtaken by its own clean-up (see LOCK_ACQUIRE)
+end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local purged = purge(now_ms)
@@ -222,11 +236,17 @@ return 1
 """
 )
 
-# Release a permit or give up a queue place. ARGV: id, limit, channel -> 1 if it held a permit
+# Release a permit or give up a queue place. ARGV: id, limit, channel, tombstone ttl ms
+# ('0' for a release, the pool ttl for the clean-up of an abandoned attempt)
+# -> 1 if it held a permit
 POOL_LEAVE: Final = (
     _POOL_PRELUDE
     + """
 local id = ARGV[1]
+if ARGV[4] ~= '0' then
+  -- A request of the abandoned attempt may still be on its way: refuse it on arrival.
+  redis.call('SET', KEYS[7], '1', 'PX', ARGV[4])
+end
 local purged = purge(math.floor(now_us() / 1000))
 local held = redis.call('ZREM', KEYS[1], id)
 redis.call('HDEL', KEYS[6], id)
