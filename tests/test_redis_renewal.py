@@ -162,10 +162,15 @@ async def test_best_effort_is_shielded_bounded_and_never_raises(
         async def fail() -> None:
             raise RedisConnectionError("down")
 
+        async def misbehave() -> None:
+            raise ValueError("a reply the client could not parse")
+
         with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
             start = anyio.current_time()
             await best_effort(hang, 0.05, "hanging")
             assert anyio.current_time() - start < 0.5
             await best_effort(fail, 1.0, "failing")
+            await best_effort(misbehave, 1.0, "misbehaving")
         assert "hanging got no answer" in caplog.text
         assert "failing failed" in caplog.text
+        assert "misbehaving failed" in caplog.text

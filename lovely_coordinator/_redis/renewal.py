@@ -33,8 +33,11 @@ async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what:
     with anyio.move_on_after(bound, shield=True) as scope:
         try:
             await call()
-        except (RedisError, OSError) as exc:
-            _log.warning("%s failed (it lapses within its ttl): %r", what, exc)
+        except Exception as exc:
+            # Whatever it is, the grant lapses by itself; the caller (a release, or an
+            # acquire already failing with its own exception) must not get this one.
+            unexpected = not isinstance(exc, RedisError | OSError)
+            _log.warning("%s failed (it lapses within its ttl): %r", what, exc, exc_info=unexpected)
     if scope.cancelled_caught:
         _log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
 
