@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
+from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
@@ -102,3 +103,18 @@ async def test_works_with_a_decoding_client(
         await log.append(2, "ünïcode")
         assert await log.entries() == [(2, "ünïcode")]
         assert await log.high_water() == 2
+
+
+@pytest.mark.asyncio
+async def test_a_resent_append_answers_as_the_first_did(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        # What redis-py does when a reply is lost: the same call again, on a new connection.
+        append = redis_client.register_script(scripts.FENCED_APPEND)
+        keys = ["{log}:entries", "{log}:high-water", "{log}:receipt:once"]
+        assert await append(keys, ["5", "a", 60_000]) == [1, 0]
+        log = FencedLog(redis_client, "log")
+        await log.append(7, "newer holder")
+        # Resent after a newer holder wrote: neither a second copy nor a false refusal.
+        assert await append(keys, ["5", "a", 60_000]) == [1, 0]
+        assert await log.entries() == [(5, "a"), (7, "newer holder")]
+        assert 0 < await redis_client.pttl(keys[2]) <= 60_000  # the receipt lapses

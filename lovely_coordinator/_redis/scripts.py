@@ -120,10 +120,16 @@ end
 return 1
 """
 
-# KEYS: entries (list), high-water mark; ARGV: fence (decimal, >= 0), entry
-# -> {1, index} | {0, high water}
-# Fences are compared as decimal strings, so any nonnegative integer is exact.
+# KEYS: entries (list), high-water mark, this append's receipt
+# ARGV: fence (decimal, >= 0), entry, receipt ttl ms -> {1, index} | {0, high water}
+# Fences are compared as decimal strings, so any nonnegative integer is exact. The receipt
+# makes a resent call (redis-py retries a command whose reply was lost) answer as the
+# first did instead of appending twice, or refusing an entry it already appended.
 FENCED_APPEND: Final = """
+local done = redis.call('GET', KEYS[3])
+if done then
+  return {1, tonumber(done)}
+end
 local function less(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
@@ -138,7 +144,9 @@ if fence ~= '0' then
     redis.call('SET', KEYS[2], fence)
   end
 end
-return {1, redis.call('RPUSH', KEYS[1], fence .. ':' .. ARGV[2]) - 1}
+local index = redis.call('RPUSH', KEYS[1], fence .. ':' .. ARGV[2]) - 1
+redis.call('SET', KEYS[3], index, 'PX', ARGV[3])
+return {1, index}
 """
 
 # The permit pool. KEYS (all scripts): holders (zset id -> expiry ms), queue (zset id ->
