@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 import anyio
 import pytest
 import pytest_asyncio
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -187,6 +191,24 @@ async def test_unreachable_redis_still_gates_locally_and_shares_later(
             # a pushes its closure at its next resync; b learns it from the message or
             # from its own resync after resubscribing.
             await closed_within(b.coordinator, SLOW, 5)
+
+
+@pytest.mark.asyncio
+async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_running(
+    redis_connect: Callable[..., Any],
+) -> None:
+    with ThrowawayServer() as server, anyio.fail_after(20):
+        server.kill()
+        # No client-side retries: the refusal is reported at once.
+        a = Replica(redis_connect(server.url, retry=Retry(NoBackoff(), 0)))
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await a.gates.__aenter__()
+        while len(asyncio.all_tasks()) > 1:  # noqa: ASYNC110  (the listener retires)
+            await anyio.sleep(0.01)
+        server.start()
+        async with a.gates:  # and entering works once the server is back
+            await a.gates.close_tuple(SLOW, reopen_after=30)
+            assert not a.coordinator.is_tuple_open(SLOW)
 
 
 @pytest.mark.asyncio
