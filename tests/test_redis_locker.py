@@ -145,6 +145,20 @@ async def test_release_deletes_only_its_own_lease(redis_client: Any) -> None:
 
 
 @pytest.mark.asyncio
+async def test_release_in_a_cancelled_scope_still_deletes_the_lease(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        locker = RedisLocker(redis_client, ttl=0.3)
+        lease = await locker.acquire("c")
+        await anyio.sleep(0.15)  # past the first renewal: the watchdog task is running
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await lease.release()  # shielded: the redis-py #3847 wedge cannot happen
+        assert lease.released
+        assert await redis_client.exists("lovely:{c}:lock") == 0
+        assert not lease.lost.is_set()
+
+
+@pytest.mark.asyncio
 async def test_lapsed_lease_is_lost_at_next_renewal(redis_client: Any) -> None:
     with anyio.fail_after(5):
         lease = await RedisLocker(redis_client, ttl=0.3).acquire("c")
