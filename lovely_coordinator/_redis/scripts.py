@@ -11,7 +11,8 @@ the server's time in microseconds and the last token stored for the resource plu
 * within a run, every token is strictly greater than the previous one for the same
   resource (the stored counter enforces it, whatever the clock does);
 * normally the token *is* the server time of the grant (two grants of one resource within
-  one microsecond, or a backward step of the server clock, make it run a few ticks ahead);
+  one microsecond put it a tick ahead; a backward step of the server clock, by up to the
+  step, until the clock catches up);
 * after the counter is lost (restart without persistence, flush, expiry of its long TTL),
   the next token is the current server time: later than the moment any earlier token was
   issued, hence larger than every one of them, unless the counter was lost while a
