@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,3 +36,21 @@ async def redis_client(redis_server: ThrowawayServer) -> AsyncIterator[Any]:
     await client.flushall()
     yield client
     await client.aclose()
+
+
+@pytest_asyncio.fixture
+async def redis_connect() -> AsyncIterator[Callable[..., Any]]:
+    """Makes more clients: ``redis_connect(url, **options)`` (``Redis.from_url`` options).
+
+    Every client made is closed after the test, whether it passed or failed.
+    """
+    clients: list[Any] = []
+
+    def connect(url: str, **options: Any) -> Any:
+        client = redis.asyncio.Redis.from_url(url, **options)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        await client.aclose()

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -75,14 +77,23 @@ async def pool_run(args: argparse.Namespace) -> None:
     await client.aclose()
 
 
-def registry(args: argparse.Namespace) -> tuple[TurnRegistry, FencedLog]:
-    locker = RedisLocker(redis.asyncio.Redis.from_url(args.url), ttl=args.ttl)
-    log = FencedLog(redis.asyncio.Redis.from_url(args.store_url), "log")
-    return TurnRegistry(locker=locker), log
+@contextlib.asynccontextmanager
+async def registry(args: argparse.Namespace) -> AsyncIterator[tuple[TurnRegistry, FencedLog]]:
+    """A turn registry on the lock server and the log on the store; clients closed after."""
+    async with (
+        redis.asyncio.Redis.from_url(args.url) as lock_client,
+        redis.asyncio.Redis.from_url(args.store_url) as store_client,
+    ):
+        locker = RedisLocker(lock_client, ttl=args.ttl)
+        yield TurnRegistry(locker=locker), FencedLog(store_client, "log")
 
 
 async def turns(args: argparse.Namespace) -> None:
-    turn_registry, log = registry(args)
+    async with registry(args) as (turn_registry, log):
+        await run_turns(args, turn_registry, log)
+
+
+async def run_turns(args: argparse.Namespace, turn_registry: TurnRegistry, log: FencedLog) -> None:
     outcomes: list[str] = []
     async with turn_registry:
         for index in range(args.turns):
@@ -110,7 +121,11 @@ async def turns(args: argparse.Namespace) -> None:
 
 
 async def stale(args: argparse.Namespace) -> None:
-    turn_registry, log = registry(args)
+    async with registry(args) as (turn_registry, log):
+        await run_stale(args, turn_registry, log)
+
+
+async def run_stale(args: argparse.Namespace, turn_registry: TurnRegistry, log: FencedLog) -> None:
     refused = 0
 
     async def turn(fence: int) -> None:

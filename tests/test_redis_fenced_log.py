@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
-import redis.asyncio
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
+from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
@@ -93,11 +94,27 @@ def test_bad_key() -> None:
 
 
 @pytest.mark.asyncio
-async def test_works_with_a_decoding_client(redis_server: ThrowawayServer) -> None:
+async def test_works_with_a_decoding_client(
+    redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
     with anyio.fail_after(5):
-        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        client = redis_connect(redis_server.url, decode_responses=True)
         log = FencedLog(client, "decoded")
         await log.append(2, "ünïcode")
         assert await log.entries() == [(2, "ünïcode")]
         assert await log.high_water() == 2
-        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_resent_append_answers_as_the_first_did(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        # What redis-py does when a reply is lost: the same call again, on a new connection.
+        append = redis_client.register_script(scripts.FENCED_APPEND)
+        keys = ["{log}:entries", "{log}:high-water", "{log}:receipt:once"]
+        assert await append(keys, ["5", "a", 60_000]) == [1, 0]
+        log = FencedLog(redis_client, "log")
+        await log.append(7, "newer holder")
+        # Resent after a newer holder wrote: neither a second copy nor a false refusal.
+        assert await append(keys, ["5", "a", 60_000]) == [1, 0]
+        assert await log.entries() == [(5, "a"), (7, "newer holder")]
+        assert 0 < await redis_client.pttl(keys[2]) <= 60_000  # the receipt lapses

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import pytest
 import pytest_asyncio
-import redis.asyncio
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -25,21 +28,19 @@ OTHER = ModelTuple("anthropic", "claude-y")
 
 
 class Replica:
-    def __init__(self, url: str, *, decode: bool = False, **options: Any) -> None:
-        self.client = redis.asyncio.Redis.from_url(url, decode_responses=decode)
+    def __init__(self, client: Any, **options: Any) -> None:
+        self.client = client
         self.coordinator = create_agent_coordinator(2)
         self.gates = RedisGates(self.client, self.coordinator, **options)
 
 
 @pytest_asyncio.fixture
 async def replicas(
-    redis_client: Any, redis_server: ThrowawayServer
+    redis_client: Any, redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> AsyncIterator[list[Replica]]:
-    pair = [Replica(redis_server.url, resync_interval=60) for _ in range(2)]
+    pair = [Replica(redis_connect(redis_server.url), resync_interval=60) for _ in range(2)]
     async with pair[0].gates, pair[1].gates:
         yield pair
-    for replica in pair:
-        await replica.client.aclose()
 
 
 async def closed_within(coordinator: AgentCoordinator, t: ModelTuple, seconds: float) -> None:
@@ -61,7 +62,7 @@ async def resync_after_killing_pubsub(replica: Replica, redis_client: Any) -> No
 async def test_close_on_one_replica_parks_that_tuple_on_the_other(replicas: list[Replica]) -> None:
     a, b = replicas
     with anyio.fail_after(10):
-        await a.gates.close_tuple(SLOW, reopen_after=0.6)
+        await a.gates.close_tuple(SLOW, reopen_after=1.5)
         assert not a.coordinator.is_tuple_open(SLOW)  # local before returning
         await closed_within(b.coordinator, SLOW, 0.5)
         granted: list[ModelTuple] = []
@@ -73,7 +74,7 @@ async def test_close_on_one_replica_parks_that_tuple_on_the_other(replicas: list
         async with anyio.create_task_group() as tg:
             tg.start_soon(work, SLOW)
             tg.start_soon(work, OTHER)
-            await anyio.sleep(0.1)
+            await anyio.wait_all_tasks_blocked()
             assert granted == [OTHER]  # the closed tuple parks, the other flows
             assert b.coordinator.queued_count == 1
         assert granted == [OTHER, SLOW]  # reopened by itself on b
@@ -90,7 +91,8 @@ async def test_both_replicas_reopen_at_the_same_time(replicas: list[Replica]) ->
         at_a, at_b = a.coordinator.tuple_reopens_at(SLOW), b.coordinator.tuple_reopens_at(SLOW)
         assert at_a is not None
         assert at_b is not None
-        assert abs(at_a - at_b) < 0.05  # one process: one clock; off by the delivery delay
+        # One process: one clock; off by the delivery delay only.
+        assert abs(at_a - at_b) < 0.2
 
 
 @pytest.mark.asyncio
@@ -121,17 +123,17 @@ async def test_open_tuple_opens_everywhere(replicas: list[Replica]) -> None:
 
 @pytest.mark.asyncio
 async def test_a_new_replica_starts_with_the_current_closures(
-    replicas: list[Replica], redis_server: ThrowawayServer
+    replicas: list[Replica], redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
     with anyio.fail_after(10):
         await replicas[0].gates.close_tuple(SLOW, reopen_after=30)
-        late = Replica(redis_server.url, decode=True)  # replies as str: parsed alike
+        # Replies as str: parsed alike.
+        late = Replica(redis_connect(redis_server.url, decode_responses=True))
         async with late.gates:
             assert not late.coordinator.is_tuple_open(SLOW)  # resynced inside __aenter__
             reopens_at = late.coordinator.tuple_reopens_at(SLOW)
             assert reopens_at is not None
             assert 29 < reopens_at - anyio.current_time() <= 30
-        await late.client.aclose()
 
 
 @pytest.mark.asyncio
@@ -175,9 +177,12 @@ async def test_resync_keeps_a_longer_local_closure(
 
 
 @pytest.mark.asyncio
-async def test_unreachable_redis_still_gates_locally_and_shares_later() -> None:
+async def test_unreachable_redis_still_gates_locally_and_shares_later(
+    redis_connect: Callable[..., Any],
+) -> None:
     with ThrowawayServer() as server, anyio.fail_after(20):
-        a, b = Replica(server.url, resync_interval=0.2), Replica(server.url)
+        a = Replica(redis_connect(server.url), resync_interval=0.2)
+        b = Replica(redis_connect(server.url))
         async with a.gates, b.gates:
             server.kill()
             await a.gates.close_tuple(SLOW, reopen_after=30)  # no error
@@ -186,8 +191,24 @@ async def test_unreachable_redis_still_gates_locally_and_shares_later() -> None:
             # a pushes its closure at its next resync; b learns it from the message or
             # from its own resync after resubscribing.
             await closed_within(b.coordinator, SLOW, 5)
-        for replica in (a, b):
-            await replica.client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_running(
+    redis_connect: Callable[..., Any],
+) -> None:
+    with ThrowawayServer() as server, anyio.fail_after(20):
+        server.kill()
+        # No client-side retries: the refusal is reported at once.
+        a = Replica(redis_connect(server.url, retry=Retry(NoBackoff(), 0)))
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await a.gates.__aenter__()
+        while len(asyncio.all_tasks()) > 1:  # noqa: ASYNC110  (the listener retires)
+            await anyio.sleep(0.01)
+        server.start()
+        async with a.gates:  # and entering works once the server is back
+            await a.gates.close_tuple(SLOW, reopen_after=30)
+            assert not a.coordinator.is_tuple_open(SLOW)
 
 
 @pytest.mark.asyncio

@@ -14,7 +14,7 @@ from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.grant import Grant, wait_for_grant
 from lovely_coordinator._redis.subscriber import Watch
 
-GRANTED, WAITING, BEHIND = scripts.GRANTED, scripts.WAITING, scripts.CLOCK_BEHIND
+GRANTED, WAITING = scripts.GRANTED, scripts.WAITING
 
 
 class Script:
@@ -106,15 +106,6 @@ async def test_recheck_bounds_every_wait() -> None:
         script = Script((WAITING, 60_000), (WAITING, -1), (GRANTED, 1))
         await script.run(recheck=0.05)
         assert script.attempts[2] - script.attempts[1] < 0.5
-
-
-@pytest.mark.asyncio
-async def test_clock_behind_waits_the_given_microseconds() -> None:
-    with anyio.fail_after(5):
-        script = Script((BEHIND, 80_000), (GRANTED, 1))
-        await script.run()
-        assert script.attempts[1] - script.attempts[0] >= 0.08
-        assert script.watch is None
 
 
 @pytest.mark.asyncio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -79,3 +80,40 @@ async def test_killed_connection_is_reported_and_resubscribed(redis_client: Any)
             await redis_client.publish("ch", "again")
             while "again" not in recorder.messages:
                 await recorder.next_change()
+
+
+@pytest.mark.asyncio
+async def test_an_unexpected_error_is_survived_like_a_connection_error(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(10):
+        # Fault injection on the real client: its first PubSub fails with an error that is
+        # neither a RedisError nor an OSError (as asyncio's "readuntil() called while
+        # another coroutine is already waiting" would).
+        make_pubsub = redis_client.pubsub
+        made = 0
+
+        def pubsub() -> Any:
+            nonlocal made
+            made += 1
+            real = make_pubsub()
+            if made == 1:
+
+                async def broken(*channels: str) -> None:
+                    raise RuntimeError("readuntil() called while another coroutine is waiting")
+
+                real.subscribe = broken
+            return real
+
+        monkeypatch.setattr(redis_client, "pubsub", pubsub)
+        recorder = Recorder()
+        subscriber = Subscriber(redis_client, "ch", recorder.on_message, recorder.on_reset)
+        with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            async with subscriber.active():  # returns: the first attempt failed
+                assert recorder.resets >= 1  # waiters were told to re-check
+                while await subscribers(redis_client) == 0:  # noqa: ASYNC110  (server-side)
+                    await anyio.sleep(0.01)
+                await redis_client.publish("ch", "still listening")
+                while "still listening" not in recorder.messages:
+                    await recorder.next_change()
+        assert "readuntil()" in caplog.text

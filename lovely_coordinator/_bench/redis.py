@@ -87,7 +87,11 @@ async def _handoffs(
 
 
 async def _contended(url: str, rounds: int) -> tuple[list[float], list[float]]:
-    a, b = redis.asyncio.Redis.from_url(url), redis.asyncio.Redis.from_url(url)
+    async with redis.asyncio.Redis.from_url(url) as a, redis.asyncio.Redis.from_url(url) as b:
+        return await _contended_on(a, b, rounds)
+
+
+async def _contended_on(a: Any, b: Any, rounds: int) -> tuple[list[float], list[float]]:
     locker_a, locker_b = RedisLocker(a, ttl=30), RedisLocker(b, ttl=30)
 
     def ours(locker: RedisLocker) -> Callable[[], Awaitable[Callable[[], Awaitable[None]]]]:
@@ -106,8 +110,6 @@ async def _contended(url: str, rounds: int) -> tuple[list[float], list[float]]:
 
     mine = await _handoffs(ours(locker_a), ours(locker_b), rounds)
     redis_py = await _handoffs(theirs(a), theirs(b), max(5, rounds // 2))
-    await a.aclose()
-    await b.aclose()
     return mine, redis_py
 
 
@@ -125,12 +127,11 @@ async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
 
 
 async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
-    client = redis.asyncio.Redis.from_url(server.url)
-    info = await client.info("server")
-    name = info.get("server_name", "redis")
-    version = info.get(f"{name}_version", info["redis_version"])
-    ours, theirs = await _uncontended(client, 300 if quick else 3000)
-    await client.aclose()
+    async with redis.asyncio.Redis.from_url(server.url) as client:
+        info = await client.info("server")
+        name = info.get("server_name", "redis")
+        version = info.get(f"{name}_version", info["redis_version"])
+        ours, theirs = await _uncontended(client, 300 if quick else 3000)
     mine, redis_py = await _contended(server.url, 20 if quick else 100)
     per_second = await _pool_throughput(server.url, 16, 20 if quick else 100)
     ms = 1000.0
@@ -163,7 +164,11 @@ def run(quick: bool) -> list[Figure]:
 
 async def _worker(args: argparse.Namespace) -> None:
     """One pool process: report ready, wait for "go", then every task cycles its permits."""
-    client = redis.asyncio.Redis.from_url(args.url, max_connections=None)
+    async with redis.asyncio.Redis.from_url(args.url, max_connections=None) as client:
+        await _work(client, args)
+
+
+async def _work(client: Any, args: argparse.Namespace) -> None:
     pool = RedisPermitPool(client, name=args.name, limit=args.limit, ttl=30)
     await client.ping()
     print('{"ready": true}', flush=True)
@@ -180,7 +185,6 @@ async def _worker(args: argparse.Namespace) -> None:
             tg.create_task(task())
     elapsed = time.perf_counter() - start
     print(f'{{"grants": {args.tasks * args.rounds}, "elapsed": {elapsed}}}', flush=True)
-    await client.aclose()
 
 
 if __name__ == "__main__":

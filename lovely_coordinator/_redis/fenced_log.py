@@ -10,7 +10,8 @@ mark.
 
 from __future__ import annotations
 
-from typing import Any, final
+import uuid
+from typing import Any, Final, final
 
 from .._errors import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
 from . import scripts
@@ -18,6 +19,9 @@ from .subscriber import text
 from .validation import check_key
 
 __all__ = ["FencedLog", "StaleFenceError"]
+
+# How long the server remembers an append's answer: longer than any client retry takes.
+_RECEIPT_MS: Final = 60_000
 
 
 class StaleFenceError(CoordinatorError):
@@ -43,7 +47,8 @@ class FencedLog:
 
     Args:
         client: a ``redis.asyncio.Redis``.
-        key: the log's name; its keys are ``{key}:entries`` and ``{key}:high-water``.
+        key: the log's name; its keys are ``{key}:entries``, ``{key}:high-water`` and,
+            for a minute after each append, ``{key}:receipt:<id>``.
 
     Raises:
         InvalidArgumentError: ``key`` is not a nonempty string.
@@ -52,6 +57,7 @@ class FencedLog:
     def __init__(self, client: Any, key: str) -> None:
         check_key(key, "key")
         self._client = client
+        self._key = key
         self._entries_key = f"{{{key}}}:entries"
         self._high_water_key = f"{{{key}}}:high-water"
         self._append = client.register_script(scripts.FENCED_APPEND)
@@ -70,8 +76,11 @@ class FencedLog:
             raise InvalidArgumentError("fence must be a nonnegative integer")
         if not isinstance(entry, str):
             raise InvalidArgumentTypeError("entry must be a string")
+        # A receipt per call: if the reply is lost and the client resends the call, the
+        # server answers the resend as it answered the first (see scripts.FENCED_APPEND).
+        receipt = f"{{{self._key}}}:receipt:{uuid.uuid4().hex}"
         accepted, value = await self._append(
-            [self._entries_key, self._high_water_key], [str(fence), entry]
+            [self._entries_key, self._high_water_key, receipt], [str(fence), entry, _RECEIPT_MS]
         )
         if not accepted:
             raise StaleFenceError(fence, int(value))

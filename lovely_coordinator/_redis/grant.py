@@ -1,13 +1,12 @@
 """What leases and permits share: waiting for a grant, holding it, and giving it back.
 
-Waiting: each attempt is one script call; the reply says granted, waiting (with the time
-until something held is due to expire), or "clock behind" (see scripts.py). A refused
-waiter subscribes for wake-ups (and, if it was not subscribed before its attempt, tries
-again at once, since a release may have been announced before the subscription was in
-place), then re-tries whenever woken, when the holder is due to expire, and at least
-every ``recheck`` seconds. If the wait ends by any exception while a request may be in
-flight, ``clean_up`` (shielded, bounded) removes whatever the server may have granted or
-queued for this attempt.
+Waiting: each attempt is one script call; the reply says granted, or waiting (with the
+time until something held is due to expire). A refused waiter subscribes for wake-ups
+(and, if it was not subscribed before its attempt, tries again at once, since a release
+may have been announced before the subscription was in place), then re-tries whenever
+woken, when the holder is due to expire, and at least every ``recheck`` seconds. If the
+wait ends by any exception while a request may be in flight, ``clean_up`` (shielded,
+bounded) removes whatever the server may have granted or queued for this attempt.
 """
 
 from __future__ import annotations
@@ -68,9 +67,6 @@ async def wait_for_grant(
                 tag, value = int(reply[0]), int(reply[1])
                 if tag == scripts.GRANTED:
                     return reply, sent
-                if tag == scripts.CLOCK_BEHIND:
-                    await anyio.sleep(min(value / 1e6, recheck))
-                    continue
                 if watch is None:
                     # Subscribe, then try again at once: a wake-up may have been
                     # published before the subscription was in place.

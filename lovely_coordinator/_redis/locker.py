@@ -5,6 +5,7 @@ Keys for conversation ``C`` under prefix ``P`` (one hash tag, so Redis Cluster w
     P{C}:lock      the lease: a per-acquire owner id, expiring after ttl
     P{C}:fence     the last fencing token issued (see scripts.py for why it may expire)
     P{C}:waiting   set by a refused acquire, so that the release knows to publish
+    P{C}:abandoned:<owner>   briefly, after the clean-up of an abandoned acquire
 
 and one channel per prefix, ``Preleased``, carrying the conversation id of each release
 that somebody was waiting for. A waiter re-checks when a release of its conversation is
@@ -74,12 +75,12 @@ class RedisLocker:
             redis.exceptions.RedisError: the server could not be reached.
         """
         check_key(conversation_id, "conversation_id")
-        keys = self._keys(conversation_id)
         owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it
+        keys = (*self._keys(conversation_id), self._tombstone(conversation_id, owner))
         reply, sent = await wait_for_grant(
             lambda: self._acquire_script(keys, [owner, self._ttl_ms, FENCE_TTL_MS]),
             lambda: self._watching(conversation_id),
-            lambda: self._delete(conversation_id, owner),
+            lambda: self._delete(conversation_id, owner, abandon=True),
             subscribed=lambda: self._subscriber.subscribed,
             bound=self._ttl,
             recheck=MAX_RECHECK,
@@ -113,11 +114,20 @@ class RedisLocker:
         lock_key = self._keys(conversation_id)[0]
         return bool(await self._extend_script([lock_key], [owner, self._ttl_ms]))
 
-    async def _delete(self, conversation_id: str, owner: str) -> bool:
-        """Compare-and-delete: remove the lease only if ``owner`` holds it."""
+    def _tombstone(self, conversation_id: str, owner: str) -> str:
+        return f"{self._prefix}{{{conversation_id}}}:abandoned:{owner}"
+
+    async def _delete(self, conversation_id: str, owner: str, *, abandon: bool = False) -> bool:
+        """Compare-and-delete: remove the lease only if ``owner`` holds it.
+
+        With ``abandon`` (the clean-up of an acquire that gave up), a request of that
+        attempt still in flight, which a different connection may deliver after this one,
+        is also refused when it arrives (for the lease's ttl).
+        """
         lock_key, _, waiting_key = self._keys(conversation_id)
         deleted = await self._release_script(
-            [lock_key, waiting_key], [owner, self._channel, conversation_id]
+            [lock_key, waiting_key, self._tombstone(conversation_id, owner)],
+            [owner, self._channel, conversation_id, self._ttl_ms if abandon else 0],
         )
         return bool(deleted)
 

@@ -8,6 +8,7 @@ Keys of pool ``N`` under prefix ``P`` (one hash tag)::
     P{pool:N}:ticket    the ticket counter
     P{pool:N}:fence     the last fencing token
     P{pool:N}:grants    hash  permit id -> "fence ticket"
+    P{pool:N}:abandoned:<id>    briefly, after the clean-up of an abandoned acquire
 
 One script decides each attempt (see scripts.py): it first drops expired holders and
 waiters, so a dead process's permits and queue places come back, then grants the caller
@@ -70,7 +71,7 @@ class RedisPermitPool:
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        base = f"{check_prefix(prefix)}{{pool:{name}}}"
+        self._base = base = f"{check_prefix(prefix)}{{pool:{name}}}"
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
         self._acquire_script = client.register_script(scripts.POOL_ACQUIRE)
@@ -102,11 +103,12 @@ class RedisPermitPool:
             redis.exceptions.RedisError: the server could not be reached.
         """
         permit_id = uuid.uuid4().hex
+        keys = [*self._keys, self._tombstone(permit_id)]
         args = [permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel]
         reply, sent = await wait_for_grant(
-            lambda: self._acquire_script(self._keys, args),
+            lambda: self._acquire_script(keys, args),
             self._watching,
-            lambda: self._leave(permit_id),
+            lambda: self._leave(permit_id, abandon=True),
             subscribed=lambda: self._subscriber.subscribed,
             bound=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
@@ -139,8 +141,20 @@ class RedisPermitPool:
     async def _refresh(self, permit_id: str) -> bool:
         return bool(await self._refresh_script(self._keys, [permit_id, self._ttl_ms]))
 
-    async def _leave(self, permit_id: str) -> None:
-        await self._leave_script(self._keys, [permit_id, self.limit, self._channel])
+    def _tombstone(self, permit_id: str) -> str:
+        return f"{self._base}:abandoned:{permit_id}"
+
+    async def _leave(self, permit_id: str, *, abandon: bool = False) -> None:
+        """Give back the permit or queue place of ``permit_id``.
+
+        With ``abandon`` (the clean-up of an acquire that gave up), a request of that
+        attempt still in flight, which a different connection may deliver after this one,
+        is also refused when it arrives (for the pool's ttl).
+        """
+        await self._leave_script(
+            [*self._keys, self._tombstone(permit_id)],
+            [permit_id, self.limit, self._channel, self._ttl_ms if abandon else 0],
+        )
 
 
 @final

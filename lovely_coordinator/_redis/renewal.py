@@ -33,8 +33,11 @@ async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what:
     with anyio.move_on_after(bound, shield=True) as scope:
         try:
             await call()
-        except (RedisError, OSError) as exc:
-            _log.warning("%s failed (it lapses within its ttl): %r", what, exc)
+        except Exception as exc:
+            # Whatever it is, the grant lapses by itself; the caller (a release, or an
+            # acquire already failing with its own exception) must not get this one.
+            unexpected = not isinstance(exc, RedisError | OSError)
+            _log.warning("%s failed (it lapses within its ttl): %r", what, exc, exc_info=unexpected)
     if scope.cancelled_caught:
         _log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
 
@@ -48,7 +51,7 @@ def local_deadline(sent_at: float, ttl: float) -> float:
 class Renewer:
     """Renews every ``ttl / 3``; sets :attr:`lost` when a renewal is refused or the deadline passes.
 
-    After a failed attempt (an error or no answer) it retries every ``ttl / 10`` until the
+    After a failed attempt (any error, or no answer) it retries every ``ttl / 10`` until the
     deadline. ``renew()`` returns True when the server confirmed the grant is still held.
     """
 
@@ -93,8 +96,11 @@ class Renewer:
             with anyio.move_on_at(self._deadline):
                 try:
                     held = await self._renew()
-                except (RedisError, OSError) as exc:
-                    _log.warning("renewing %s failed: %r", self._name, exc)
+                except Exception as exc:
+                    # Anything, not only a connection error: a watchdog that died here
+                    # would leave the grant looking held long after the server dropped it.
+                    unexpected = not isinstance(exc, RedisError | OSError)
+                    _log.warning("renewing %s failed: %r", self._name, exc, exc_info=unexpected)
                     next_attempt = sent + self._ttl / 10
                     continue
                 if not held:

@@ -5,21 +5,25 @@ Redis keys, and the Python side only sends it and interprets the reply. All shar
 timing uses the server clock (``TIME``), never a replica's; a replica's own clock is used
 only for its local deadlines.
 
-Fencing tokens (leases and permits) follow one rule (``mint``): the token *is* the
-server's time in microseconds at the grant, and the grant is refused (the caller retries
-shortly) when that would not exceed the last token stored for the resource. Hence, as long
-as the server clock never steps backwards:
+Fencing tokens (leases and permits) follow one rule (``mint``): the token is the larger of
+the server's time in microseconds and the last token stored for the resource plus one. So:
 
-* every token equals the server time at which it was issued, and is strictly greater than
-  the previous one for the same resource (the stored counter enforces it within a run);
+* within a run, every token is strictly greater than the previous one for the same
+  resource (the stored counter enforces it, whatever the clock does);
+* normally the token *is* the server time of the grant (two grants of one resource within
+  one microsecond put it a tick ahead; a backward step of the server clock, by up to the
+  step, until the clock catches up);
 * after the counter is lost (restart without persistence, flush, expiry of its long TTL),
   the next token is the current server time: later than the moment any earlier token was
-  issued, hence larger than every one of them.
+  issued, hence larger than every one of them, unless the counter was lost while a
+  backward clock step still had the clock behind the last token (the risk the design
+  accepts: NTP in slew mode, alarm on steps).
 
-A backward clock step stalls grants for that resource until the clock has caught up with
-the last token, instead of silently reusing numbers. Microsecond timestamps (~1.8e15) are
-below 2**53, so Lua's doubles hold them exactly; they are formatted with ``%.0f`` because
-``tostring`` would switch to exponent notation.
+A grant is never refused or delayed for the sake of the token: a clock step costs nothing
+but that window. Microsecond timestamps (~1.8e15) are below 2**53, so Lua's doubles hold
+them (and ``+ 1``) exactly; they are formatted with ``%.0f`` because ``tostring`` would
+switch to exponent notation. ``TIME`` before writes is allowed because scripts replicate
+their effects (the only mode of Redis >= 7 and Valkey), never the script itself.
 
 Key names are built by the callers and passed in ``KEYS`` (never built inside a script);
 the keys of one resource share a hash tag so the scripts also run on Redis Cluster.
@@ -45,7 +49,6 @@ __all__ = [
 # Reply tags shared with the Python side.
 GRANTED: Final = 1
 WAITING: Final = 0
-CLOCK_BEHIND: Final = 2  # the server clock has not passed the last token yet; retry shortly
 
 _PRELUDE = """
 local function now_us()
@@ -58,38 +61,31 @@ local function fmt(n)
 end
 
 -- Mint the next fencing token for the counter at fence_key (see the module docstring).
--- Returns token, or nil and the microseconds to wait before retrying.
 local function mint(fence_key, fence_ttl_ms, now)
-  local last = tonumber(redis.call('GET', fence_key) or '0')
-  if last >= now then
-    return nil, last - now + 1
-  end
-  redis.call('SET', fence_key, fmt(now), 'PX', fence_ttl_ms)
-  return now
+  local token = math.max(tonumber(redis.call('GET', fence_key) or '0') + 1, now)
+  redis.call('SET', fence_key, fmt(token), 'PX', fence_ttl_ms)
+  return token
 end
 """
 
-# KEYS: lock, fence counter, "someone is waiting" flag
+# KEYS: lock, fence counter, "someone is waiting" flag, this owner's tombstone
 # ARGV: owner (unique per acquire call), ttl ms, fence-counter ttl ms
-# -> {GRANTED, token} | {WAITING, remaining ttl ms or -1} | {CLOCK_BEHIND, wait us}
+# -> {GRANTED, token} | {WAITING, remaining ttl ms or -1}
 LOCK_ACQUIRE: Final = (
     _PRELUDE
     + """
--- The token rule of mint(), inlined so that the common case is four calls.
-local now = now_us()
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if last < now and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[2], fmt(now), 'PX', ARGV[3])
-  return {1, now}
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  -- The attempt was abandoned and cleaned up already: this request was overtaken by its
+  -- own clean-up (they travel on different connections), and nobody awaits the grant.
+  return {0, -1}
 end
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, mint(KEYS[2], ARGV[3], now_us())}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   -- A retried call whose first reply was lost: the grant stands, and as nobody else
   -- could mint since, the counter holds its token.
-  return {1, last}
-end
-if not holder then
-  return {2, last - now + 1}
+  return {1, tonumber(redis.call('GET', KEYS[2]))}
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- Ask the holder's release to publish; the flag outlives the lease.
@@ -107,9 +103,15 @@ end
 return 0
 """
 
-# KEYS: lock, waiting flag; ARGV: owner, channel, message -> 1 deleted | 0 not ours
+# KEYS: lock, waiting flag, the owner's tombstone
+# ARGV: owner, channel, message, tombstone ttl ms ('0' for a release, the lease ttl for the
+# clean-up of an abandoned attempt) -> 1 deleted | 0 not ours
 LOCK_RELEASE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if ARGV[4] ~= '0' then
+    -- A request of the abandoned attempt may still be on its way: refuse it on arrival.
+    redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+  end
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -119,10 +121,16 @@ end
 return 1
 """
 
-# KEYS: entries (list), high-water mark; ARGV: fence (decimal, >= 0), entry
-# -> {1, index} | {0, high water}
-# Fences are compared as decimal strings, so any nonnegative integer is exact.
+# KEYS: entries (list), high-water mark, this append's receipt
+# ARGV: fence (decimal, >= 0), entry, receipt ttl ms -> {1, index} | {0, high water}
+# Fences are compared as decimal strings, so any nonnegative integer is exact. The receipt
+# makes a resent call (redis-py retries a command whose reply was lost) answer as the
+# first did instead of appending twice, or refusing an entry it already appended.
 FENCED_APPEND: Final = """
+local done = redis.call('GET', KEYS[3])
+if done then
+  return {1, tonumber(done)}
+end
 local function less(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
@@ -137,12 +145,14 @@ if fence ~= '0' then
     redis.call('SET', KEYS[2], fence)
   end
 end
-return {1, redis.call('RPUSH', KEYS[1], fence .. ':' .. ARGV[2]) - 1}
+local index = redis.call('RPUSH', KEYS[1], fence .. ':' .. ARGV[2]) - 1
+redis.call('SET', KEYS[3], index, 'PX', ARGV[3])
+return {1, index}
 """
 
 # The permit pool. KEYS (all scripts): holders (zset id -> expiry ms), queue (zset id ->
 # ticket), waiter heartbeats (zset id -> expiry ms), ticket counter, fence counter,
-# grants (hash id -> "fence ticket").
+# grants (hash id -> "fence ticket"), and (acquire, leave) the id's tombstone.
 _POOL_PRELUDE = (
     _PRELUDE
     + """
@@ -178,20 +188,24 @@ end
 
 # ARGV: id, limit, permit ttl ms, waiter ttl ms, fence ttl ms, channel
 # -> {GRANTED, token, ticket} | {WAITING, ms until the first holder expires or -1, ticket}
-#    | {CLOCK_BEHIND, wait us, ticket}
 POOL_ACQUIRE: Final = (
     _POOL_PRELUDE
     + """
 local id, limit = ARGV[1], tonumber(ARGV[2])
-local grant = redis.call('HGET', KEYS[6], id)
-if grant and redis.call('ZSCORE', KEYS[1], id) then
-  -- A retried call whose first reply was lost: the grant stands.
-  local fence, ticket = string.match(grant, '(%d+) (%d+)')
-  return {1, tonumber(fence), tonumber(ticket)}
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return {0, -1, 0}  -- overtaken by its own clean-up (see LOCK_ACQUIRE)
 end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local purged = purge(now_ms)
+local grant = redis.call('HGET', KEYS[6], id)
+if grant and redis.call('ZSCORE', KEYS[1], id) then
+  -- A retried call whose first reply was lost: the grant stands, unless it expired
+  -- meanwhile (then purge() dropped it, and the caller queues afresh).
+  if purged > 0 then announce(limit, ARGV[6]) end
+  local fence, ticket = string.match(grant, '(%d+) (%d+)')
+  return {1, tonumber(fence), tonumber(ticket)}
+end
 local ticket = redis.call('ZSCORE', KEYS[2], id)
 if not ticket then
   ticket = redis.call('INCR', KEYS[4])
@@ -200,17 +214,13 @@ end
 ticket = tonumber(ticket)
 local free = limit - redis.call('ZCARD', KEYS[1])
 if redis.call('ZRANK', KEYS[2], id) < free then
-  local token, wait = mint(KEYS[5], ARGV[5], now)
-  if token then
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('ZREM', KEYS[3], id)
-    redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[3]), id)
-    redis.call('HSET', KEYS[6], id, fmt(token) .. ' ' .. fmt(ticket))
-    if purged > 0 then announce(limit, ARGV[6]) end
-    return {1, token, ticket}
-  end
-  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
-  return {2, wait, ticket}
+  local token = mint(KEYS[5], ARGV[5], now)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[3]), id)
+  redis.call('HSET', KEYS[6], id, fmt(token) .. ' ' .. fmt(ticket))
+  if purged > 0 then announce(limit, ARGV[6]) end
+  return {1, token, ticket}
 end
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 if purged > 0 then announce(limit, ARGV[6]) end
@@ -235,11 +245,17 @@ return 1
 """
 )
 
-# Release a permit or give up a queue place. ARGV: id, limit, channel -> 1 if it held a permit
+# Release a permit or give up a queue place. ARGV: id, limit, channel, tombstone ttl ms
+# ('0' for a release, the pool ttl for the clean-up of an abandoned attempt)
+# -> 1 if it held a permit
 POOL_LEAVE: Final = (
     _POOL_PRELUDE
     + """
 local id = ARGV[1]
+if ARGV[4] ~= '0' then
+  -- A request of the abandoned attempt may still be on its way: refuse it on arrival.
+  redis.call('SET', KEYS[7], '1', 'PX', ARGV[4])
+end
 local purged = purge(math.floor(now_us() / 1000))
 local held = redis.call('ZREM', KEYS[1], id)
 redis.call('HDEL', KEYS[6], id)

@@ -138,11 +138,19 @@ class Subscriber:
                             if ready.is_set():
                                 self._deliver(self._on_reset)  # resubscribed: messages lost?
                             ready.set()
-                except (RedisError, OSError) as exc:
+                except Exception as exc:
+                    # Any error, not only a connection's: a listener that died here would
+                    # leave every waiter's wake-ups (and a first active() entry) hanging.
                     delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS) - 1)]
                     failures += 1
-                    _log.debug(
-                        "subscriber on %s failed (%r); retry in %s s", self._channel, exc, delay
+                    expected = isinstance(exc, RedisError | OSError)
+                    _log.log(
+                        logging.DEBUG if expected else logging.WARNING,
+                        "subscriber on %s failed (%r); retry in %s s",
+                        self._channel,
+                        exc,
+                        delay,
+                        exc_info=not expected,
                     )
                     ready.set()
                     self._deliver(self._on_reset)

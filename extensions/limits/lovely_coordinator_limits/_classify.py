@@ -13,9 +13,10 @@ The rules, strongest first:
    so neither SDK needs to be installed): ``RateLimitError`` and ``PaymentRequiredError``
    are limits; the overloaded, server, connection, timeout and authentication errors are not.
 2. An HTTP status (``status_code`` on the error, or on its ``response``, as with
-   ``httpx.HTTPStatusError``): 429 is a limit unless the text says the service is
-   overloaded; 408, 401, 5xx and 529 never are. Other statuses defer to the text, so a
-   400 "credit balance is too low" or a 402 counts as a billing limit.
+   ``httpx.HTTPStatusError``): 429, and 402 (payment required, a billing limit), are
+   limits unless the text rules one out (e.g. says the service is overloaded); 408, 401,
+   5xx and 529 never are. Other statuses defer to the text, so a 400 "credit balance is
+   too low" counts as a billing limit.
 3. The text of the error (its message and, for SDK errors, its JSON body):
    a "never" phrase (overloaded, context window, bad API key) wins over a limit phrase
    (quota, billing, usage limit, 429, RESOURCE_EXHAUSTED, rate limit, too many requests);
@@ -36,7 +37,7 @@ __all__ = ["is_limit_message", "is_limit_status", "is_provider_limit"]
 
 _LIMIT_TEXT = re.compile(
     r"quota|billing|credit balance|usage[ _-]?limit|\b429\b|resource[ _-]?exhausted"
-    r"|rate[ _-]?limit|too many requests",
+    r"|rate[ _-]?limit|too[ _-]?many[ _-]?requests",
     re.IGNORECASE,
 )
 # Phrases that mean waiting will not help, or that the service as a whole is struggling
@@ -65,6 +66,9 @@ _NEVER_TYPES = frozenset(
 # Statuses that are never a limit, whatever the body says: a request timeout, bad
 # credentials, and the server-side family (Anthropic's 529 overloaded included).
 _NEVER_STATUSES = frozenset({401, 408})
+# Statuses that are a limit unless the text rules it out: too many requests, and payment
+# required (a billing limit, as Anthropic's PaymentRequiredError says by its type).
+_LIMIT_STATUSES = frozenset({402, 429})
 
 # How far to follow __cause__/__context__ before giving up (chains are short in practice;
 # the bound also guards against cycles).
@@ -93,8 +97,9 @@ def is_limit_status(status: int, text: str = "") -> bool:
         text: the response body or error message, if known.
 
     Returns:
-        True for 429 (unless ``text`` says overloaded), False for 401, 408, 5xx and 529, and
-        for other statuses whatever :func:`is_limit_message` says about ``text``.
+        True for 429 and 402 (unless ``text`` rules it out, e.g. says overloaded), False
+        for 401, 408, 5xx and 529, and for other statuses whatever
+        :func:`is_limit_message` says about ``text``.
     """
     verdict = _verdict_from_status(status, text)
     if verdict is None:
@@ -148,7 +153,7 @@ def _verdict(error: BaseException, *, depth: int) -> bool | None:
 
 
 def _verdict_from_status(status: int, text: str) -> bool | None:
-    if status == 429:
+    if status in _LIMIT_STATUSES:
         return _NEVER_TEXT.search(text) is None
     if status in _NEVER_STATUSES or status >= 500:
         return False

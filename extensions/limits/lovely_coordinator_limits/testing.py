@@ -11,7 +11,17 @@ of wait header), then with successes. :func:`serve` runs an app with uvicorn on 
 port of 127.0.0.1 in a background thread, so a test on any event loop (asyncio or trio)
 can point ``base_url`` at it.
 
-Requires the ``testing`` extra (uvicorn).
+For pytest, three fixtures wrap this: ``fake_provider_server`` serves one provider per
+test module, ``fake_provider`` is that provider with its scripts and records reset for the
+test, and ``fake_provider_url`` its base URL. Import them into a ``conftest.py``::
+
+    from lovely_coordinator_limits.testing import (
+        fake_provider as fake_provider,
+        fake_provider_server as fake_provider_server,
+        fake_provider_url as fake_provider_url,
+    )
+
+Requires the ``testing`` extra (uvicorn, pytest).
 """
 
 from __future__ import annotations
@@ -25,7 +35,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, final
 
-__all__ = ["Api", "FakeProvider", "Refuse", "Seen", "serve"]
+import pytest
+
+__all__ = [
+    "Api",
+    "FakeProvider",
+    "Refuse",
+    "Seen",
+    "fake_provider",
+    "fake_provider_server",
+    "fake_provider_url",
+    "serve",
+]
 
 Api = Literal["openai", "anthropic", "gemini"]
 Scope = MutableMapping[str, Any]
@@ -168,6 +189,28 @@ def serve(app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> Iterator[st
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def fake_provider_server() -> Iterator[tuple[FakeProvider, str]]:
+    """A :class:`FakeProvider` served on loopback for one test module, and its base URL."""
+    provider = FakeProvider()
+    with serve(provider) as url:
+        yield provider, url
+
+
+@pytest.fixture
+def fake_provider(fake_provider_server: tuple[FakeProvider, str]) -> FakeProvider:
+    """The module's served :class:`FakeProvider`, with no scripts or records left over."""
+    provider = fake_provider_server[0]
+    provider.reset()
+    return provider
+
+
+@pytest.fixture
+def fake_provider_url(fake_provider_server: tuple[FakeProvider, str]) -> str:
+    """The base URL of the module's served :class:`FakeProvider`."""
+    return fake_provider_server[1]
 
 
 def _route(method: str, path: str, body: bytes) -> tuple[Api, str, bool] | None:

@@ -23,6 +23,8 @@ LIMIT_PHRASES = [
     "rate_limit_error",
     "rate-limited",
     "Too Many Requests",
+    "too_many_requests",
+    "TooManyRequests",
     "insufficient_quota",
 ]
 NEVER_PHRASES = [
@@ -106,6 +108,8 @@ def test_case_does_not_matter(text: str) -> None:
         (429, "slow down", True),
         (429, "overloaded", False),
         (402, "payment required: billing", True),
+        (402, "", True),  # as the SDK's PaymentRequiredError: a billing limit
+        (402, "overloaded", False),
         (400, "Your credit balance is too low", True),
         (400, "context_length_exceeded", False),
         (403, "Quota exceeded for quota metric", True),
@@ -138,7 +142,7 @@ def _httpx2_error(status: int) -> httpx2.HTTPStatusError:
 
 
 @pytest.mark.parametrize(
-    ("status", "expected"), [(429, True), (500, False), (529, False), (404, False)]
+    ("status", "expected"), [(429, True), (402, True), (500, False), (529, False), (404, False)]
 )
 def test_httpx_status_errors(status: int, expected: bool) -> None:
     assert is_provider_limit(_httpx_error(status)) is expected

@@ -1,4 +1,4 @@
-"""Real openai and anthropic SDK clients against the local fake provider.
+"""Real openai and anthropic SDK clients against the local fake fake_provider.
 
 The SDKs raise their own exception types from real HTTP responses; the classification
 and wait parsing must work on exactly those objects.
@@ -6,7 +6,6 @@ and wait parsing must work on exactly those objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -15,27 +14,9 @@ import anyio
 import openai
 import pytest
 from lovely_coordinator_limits import is_provider_limit, retry_delay
-from lovely_coordinator_limits.testing import FakeProvider, Refuse, serve
+from lovely_coordinator_limits.testing import FakeProvider, Refuse
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[FakeProvider, str]]:
-    provider = FakeProvider()
-    with serve(provider) as url:
-        yield provider, url
-
-
-@pytest.fixture
-def provider(served: tuple[FakeProvider, str]) -> FakeProvider:
-    served[0].reset()
-    return served[0]
-
-
-@pytest.fixture
-def url(served: tuple[FakeProvider, str]) -> str:
-    return served[1]
 
 
 def _openai(url: str) -> openai.AsyncOpenAI:
@@ -83,30 +64,36 @@ def _rfc3339_in(seconds: float) -> str:
     ],
 )
 async def test_openai_rate_limit_errors(
-    provider: FakeProvider, url: str, headers: dict[str, str], low: float, high: float
+    fake_provider: FakeProvider,
+    fake_provider_url: str,
+    headers: dict[str, str],
+    low: float,
+    high: float,
 ) -> None:
     with anyio.fail_after(10):
         if headers.get("retry-after") == "HTTP-DATE":
             headers = {"retry-after": _in(30)}
-        provider.script("gpt-test", Refuse(headers=headers))
+        fake_provider.script("gpt-test", Refuse(headers=headers))
         with pytest.raises(openai.RateLimitError) as caught:
-            await _ask_openai(url, "gpt-test")
+            await _ask_openai(fake_provider_url, "gpt-test")
         assert is_provider_limit(caught.value)
         delay = retry_delay(caught.value)
         assert delay is not None
         assert low <= delay <= high
         # The script is used up: the next request succeeds.
-        assert await _ask_openai(url, "gpt-test") == "ok"
+        assert await _ask_openai(fake_provider_url, "gpt-test") == "ok"
 
 
-async def test_openai_insufficient_quota_is_a_limit(provider: FakeProvider, url: str) -> None:
+async def test_openai_insufficient_quota_is_a_limit(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
     with anyio.fail_after(10):
         body = {
             "error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}
         }
-        provider.script("gpt-test", Refuse(body=body))
+        fake_provider.script("gpt-test", Refuse(body=body))
         with pytest.raises(openai.RateLimitError) as caught:
-            await _ask_openai(url, "gpt-test")
+            await _ask_openai(fake_provider_url, "gpt-test")
         assert is_provider_limit(caught.value)
         assert retry_delay(caught.value) is None
 
@@ -127,12 +114,15 @@ async def test_openai_insufficient_quota_is_a_limit(provider: FakeProvider, url:
     ],
 )
 async def test_openai_ordinary_errors(
-    provider: FakeProvider, url: str, refusal: Refuse, error_type: type[Exception]
+    fake_provider: FakeProvider,
+    fake_provider_url: str,
+    refusal: Refuse,
+    error_type: type[Exception],
 ) -> None:
     with anyio.fail_after(10):
-        provider.script("gpt-test", refusal)
+        fake_provider.script("gpt-test", refusal)
         with pytest.raises(error_type) as caught:
-            await _ask_openai(url, "gpt-test")
+            await _ask_openai(fake_provider_url, "gpt-test")
         assert not is_provider_limit(caught.value)
 
 
@@ -147,7 +137,9 @@ async def test_openai_connection_error_is_not_a_limit() -> None:
         assert not is_provider_limit(caught.value)
 
 
-async def test_anthropic_rate_limit_with_reset_headers(provider: FakeProvider, url: str) -> None:
+async def test_anthropic_rate_limit_with_reset_headers(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
     with anyio.fail_after(10):
         headers = {
             "anthropic-ratelimit-requests-remaining": "0",
@@ -155,35 +147,39 @@ async def test_anthropic_rate_limit_with_reset_headers(provider: FakeProvider, u
             "anthropic-ratelimit-tokens-remaining": "100",
             "anthropic-ratelimit-tokens-reset": _rfc3339_in(2),
         }
-        provider.script("claude-test", Refuse(headers=headers))
+        fake_provider.script("claude-test", Refuse(headers=headers))
         with pytest.raises(anthropic.RateLimitError) as caught:
-            await _ask_anthropic(url, "claude-test")
+            await _ask_anthropic(fake_provider_url, "claude-test")
         assert is_provider_limit(caught.value)
         delay = retry_delay(caught.value)
         assert delay is not None
         assert 35.0 <= delay <= 40.0
-        assert await _ask_anthropic(url, "claude-test") == "ok"
+        assert await _ask_anthropic(fake_provider_url, "claude-test") == "ok"
 
 
-async def test_anthropic_retry_after(provider: FakeProvider, url: str) -> None:
+async def test_anthropic_retry_after(fake_provider: FakeProvider, fake_provider_url: str) -> None:
     with anyio.fail_after(10):
-        provider.script("claude-test", Refuse(headers={"retry-after": "12"}))
+        fake_provider.script("claude-test", Refuse(headers={"retry-after": "12"}))
         with pytest.raises(anthropic.RateLimitError) as caught:
-            await _ask_anthropic(url, "claude-test")
+            await _ask_anthropic(fake_provider_url, "claude-test")
         assert retry_delay(caught.value) == 12.0
 
 
-async def test_anthropic_overloaded_is_not_a_limit(provider: FakeProvider, url: str) -> None:
+async def test_anthropic_overloaded_is_not_a_limit(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
     with anyio.fail_after(10):
         body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-        provider.script("claude-test", Refuse(529, body=body))
+        fake_provider.script("claude-test", Refuse(529, body=body))
         with pytest.raises(anthropic.APIStatusError) as caught:
-            await _ask_anthropic(url, "claude-test")
+            await _ask_anthropic(fake_provider_url, "claude-test")
         assert caught.value.status_code == 529
         assert not is_provider_limit(caught.value)
 
 
-async def test_anthropic_credit_balance_is_a_limit(provider: FakeProvider, url: str) -> None:
+async def test_anthropic_credit_balance_is_a_limit(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
     with anyio.fail_after(10):
         body = {
             "type": "error",
@@ -192,18 +188,20 @@ async def test_anthropic_credit_balance_is_a_limit(provider: FakeProvider, url: 
                 "message": "Your credit balance is too low to access the Anthropic API.",
             },
         }
-        provider.script("claude-test", Refuse(400, body=body))
+        fake_provider.script("claude-test", Refuse(400, body=body))
         with pytest.raises(anthropic.BadRequestError) as caught:
-            await _ask_anthropic(url, "claude-test")
+            await _ask_anthropic(fake_provider_url, "claude-test")
         assert is_provider_limit(caught.value)
 
 
-async def test_fake_provider_records_requests(provider: FakeProvider, url: str) -> None:
+async def test_fake_provider_records_requests(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
     with anyio.fail_after(10):
-        provider.script("gpt-test", Refuse(), Refuse())
+        fake_provider.script("gpt-test", Refuse(), Refuse())
         for _ in range(2):
             with pytest.raises(openai.RateLimitError):
-                await _ask_openai(url, "gpt-test")
-        assert await _ask_openai(url, "gpt-test") == "ok"
-        assert [s.status for s in provider.seen("gpt-test")] == [429, 429, 200]
-        assert provider.peak_in_flight("gpt-test") == 1
+                await _ask_openai(fake_provider_url, "gpt-test")
+        assert await _ask_openai(fake_provider_url, "gpt-test") == "ok"
+        assert [s.status for s in fake_provider.seen("gpt-test")] == [429, 429, 200]
+        assert fake_provider.peak_in_flight("gpt-test") == 1
