@@ -1,18 +1,22 @@
 """Per-conversation turn queues: the async shell over :mod:`._turns_state`.
 
-:class:`TurnRegistry` owns a task group. The first turn admitted for an idle
-conversation starts that conversation's *runner*, a task that takes the conversation's
-turns one after the other and ends (forgetting the conversation, in the same synchronous
-step as the last turn's end) when nothing waits. Which job runs next is decided by the
-:class:`~._turns_state.TurnTable`; this module only carries out its decisions.
+:class:`TurnRegistry` owns a task group, and each turn gets a task of its own in it,
+started when the turn begins: by :meth:`~TurnRegistry.submit` for a turn that starts at
+once, else by the task of the turn before it, which ends the finished turn and starts the
+next one (or forgets the conversation) in one synchronous step. Each task is spawned in
+the contextvars context of the ``submit`` that admitted its turn, so a turn sees its own
+submitter's request-scoped values, never those of whoever started the conversation. Which
+job runs next is decided by the :class:`~._turns_state.TurnTable`; this module only
+carries out its decisions.
 
-One turn, as the runner takes it: ``on_dequeue`` (jobs that waited), the lease (with a
+One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
 locker), ``job.run(fence)`` inside a cancel scope that ``interrupt`` and a lost lease
 cancel, the shielded lease release, and finally the job is marked done.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -94,7 +98,7 @@ class Locker(Protocol):
 
 _NEW: Final = 0
 _QUEUED: Final = 1
-_CURRENT: Final = 2  # its runner is taking its turn
+_CURRENT: Final = 2  # its task is taking its turn
 _DONE: Final = 3
 
 _Phase = Literal[0, 1, 2, 3]
@@ -124,6 +128,7 @@ class Job:
     # lazily because a Job may be built outside an event loop.
     __slots__ = (
         "_body_ended",
+        "_context",
         "_dropped",
         "_error",
         "_event",
@@ -150,12 +155,14 @@ class Job:
         self._error: BaseException | None = None
         self._result: object = None
         self._event: anyio.Event | None = None
-        # The turn's cancel scope while the runner takes it, and the first reason to stop
+        # The turn's cancel scope while its task takes it, and the first reason to stop
         # it (TurnInterrupted or LeaseLostError), recorded as the job's error if the
         # cancellation is what ended the body.
         self._scope: anyio.CancelScope | None = None
         self._stop: CoordinatorError | None = None
         self._body_ended = False
+        # The context of the submit() that queued the job; its turn's task is spawned in it.
+        self._context: contextvars.Context | None = None
 
     @property
     def done(self) -> bool:
@@ -199,6 +206,7 @@ def _call_back(callback: Callable[..., object] | None, *args: object) -> None:
 def _finish(job: Job) -> None:
     job._phase = _DONE
     job._scope = None
+    job._context = None
     if job._event is not None:
         job._event.set()
 
@@ -230,7 +238,7 @@ class _MisuseError(CoordinatorError, RuntimeError):
 
 _UNENTERED: Final = 0
 _OPEN: Final = 1
-_CANCELLING: Final = 2  # leaving the block by an exception: the runners are cancelled
+_CANCELLING: Final = 2  # leaving the block by an exception: the turn tasks are cancelled
 _CLOSED: Final = 3
 
 
@@ -240,7 +248,7 @@ class TurnRegistry:
 
     A conversation runs one turn at a time, in submission order, whichever door the turns
     came through. Use it as an async context manager: it owns the task group the
-    conversations' runners live in. Leaving the block normally drains and waits for every
+    turns' tasks live in. Leaving the block normally drains and waits for every
     admitted turn; leaving it by an exception or a cancellation cancels them (the running
     turns end with :class:`TurnInterrupted`, the queued ones are refused with
     :class:`DrainingError`).
@@ -253,6 +261,11 @@ class TurnRegistry:
 
     Raises:
         InvalidArgumentError: ``max_queued`` is not a nonnegative integer.
+
+    Each turn runs in a copy of the contextvars context of the :meth:`submit` (or
+    :meth:`run`) call that admitted it, so request-scoped values (a tracing id, the current
+    user, :func:`~lovely_coordinator.current_permit`) follow the turn, whoever else submitted
+    to the conversation before it. Values a turn sets stay in its own copy.
 
     Like every anyio primitive it belongs to one event loop: call it from that loop's
     thread only.
@@ -309,7 +322,7 @@ class TurnRegistry:
         if leaving_by is not None:
             self._lifecycle = _CANCELLING
             task_group.cancel_scope.cancel()
-        # The runners never raise (a turn's failure is recorded on its job), so the task
+        # The turn tasks never raise (a turn's failure is recorded on its job), so the task
         # group only needs to see a cancellation, which may be its own; any other
         # exception from the body propagates as it is, not wrapped in an exception group.
         cancelled = leaving_by if isinstance(leaving_by, anyio.get_cancelled_exc_class()) else None
@@ -363,10 +376,12 @@ class TurnRegistry:
             _stop(admission.interrupted, TurnInterrupted())
         if admission.position:
             job._phase = _QUEUED
+            job._context = contextvars.copy_context()
         else:
             job._phase = _CURRENT
+            # start_soon copies the current context: the task runs in the caller's.
             assert self._task_group is not None
-            self._task_group.start_soon(self._runner, conversation_id, job)
+            self._task_group.start_soon(self._turn_task, conversation_id, job, False)
         return admission.position
 
     async def run(
@@ -449,17 +464,24 @@ class TurnRegistry:
             return True
         return False
 
-    # -- the runner side -------------------------------------------------------------
+    # -- the turn tasks ---------------------------------------------------------------
 
-    async def _runner(self, conversation_id: str, job: Job) -> None:
-        waited = False
+    async def _turn_task(self, conversation_id: str, job: Job, waited: bool) -> None:
         # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
-        while self._lifecycle == _OPEN:
-            await self._take_turn(conversation_id, job, waited)
-            next_job = self._advance(conversation_id, job)
-            if next_job is None:
-                return
-            job, waited = next_job, True
+        if self._lifecycle != _OPEN:
+            return
+        await self._take_turn(conversation_id, job, waited)
+        next_job = self._advance(conversation_id, job)
+        if next_job is None:
+            return
+        # The next turn gets a task of its own, spawned in its submitter's context (one
+        # task per turn costs a spawn per queued turn; a runner looping over the turns
+        # would run them all in the first submitter's context). The context is used once:
+        # Context.run cannot be re-entered.
+        context, next_job._context = next_job._context, None
+        assert context is not None
+        assert self._task_group is not None
+        context.run(self._task_group.start_soon, self._turn_task, conversation_id, next_job, True)
 
     def _advance(self, conversation_id: str, job: Job) -> Job | None:
         """Finish ``job`` and return the next job to take, forgetting an idle conversation.
@@ -566,7 +588,7 @@ class TurnRegistry:
             self._idle = None
 
     def _sweep(self) -> None:
-        """End every job left after the runners were cancelled (registry shutdown)."""
+        """End every job left after the turn tasks were cancelled (registry shutdown)."""
         for conversation_id in self._table.busy():
             current, *pending = self._table.forget(conversation_id)
             if not current._body_ended and current._error is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import random
 import tracemalloc
@@ -305,6 +306,60 @@ async def test_a_turn_that_is_not_a_coroutine_function_fails_as_a_turn() -> None
             await job.wait()
             assert isinstance(job.error, TypeError)
             assert await turns.run("conv", Recorder().turn("next", result=1)) == 1
+
+
+# -- contexts ----------------------------------------------------------------------------
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+async def test_each_turn_runs_in_the_context_of_its_own_submitter() -> None:
+    """A busy conversation's later turns used to run in the first submitter's context."""
+    with anyio.fail_after(5):
+        seen: list[tuple[str, str]] = []
+        gate = anyio.Event()
+
+        def turn(name: str, wait: anyio.Event | None = None) -> Turn:
+            async def run(fence: int) -> str:
+                seen.append((name, request_id.get()))
+                request_id.set(f"set by {name}")  # stays in this turn's own copy
+                if wait is not None:
+                    await wait.wait()
+                await anyio.lowlevel.checkpoint()
+                seen.append((f"{name} after", request_id.get()))
+                return name
+
+            return run
+
+        async with TurnRegistry() as turns:
+
+            async def submit_as(rid: str, name: str, wait: anyio.Event | None = None) -> None:
+                request_id.set(rid)
+                turns.submit("conv", Job(turn(name, wait)))
+
+            async def run_as(rid: str, name: str) -> None:
+                request_id.set(rid)
+                assert await turns.run("conv", turn(name)) == name
+                assert request_id.get() == rid, "a turn's own values never leak back"
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit_as, "req-1", "first", gate)
+                await wait_all_tasks_blocked()
+                tg.start_soon(submit_as, "req-2", "second")
+                await wait_all_tasks_blocked()
+                tg.start_soon(run_as, "req-3", "third")
+                await wait_all_tasks_blocked()
+                assert turns.waiting("conv") == 2
+                gate.set()
+        assert request_id.get() == "-"
+        assert seen == [
+            ("first", "req-1"),
+            ("first after", "set by first"),
+            ("second", "req-2"),
+            ("second after", "set by second"),
+            ("third", "req-3"),
+            ("third after", "set by third"),
+        ]
 
 
 # -- capacity and bad input --------------------------------------------------------------
@@ -739,7 +794,7 @@ async def test_interrupt_through_run_and_on_an_idle_conversation() -> None:
         assert rec.log == ["start a", "end a", "start b", "end b", "start c", "end c"]
 
 
-async def test_interrupt_before_the_runner_started_never_runs_the_turn() -> None:
+async def test_interrupt_before_the_turn_task_started_never_runs_the_turn() -> None:
     with anyio.fail_after(5):
         rec = Recorder()
         async with TurnRegistry() as turns:
@@ -1111,23 +1166,23 @@ async def test_a_hanging_release_is_abandoned_after_a_bound(
 # -- races, stress and memory ------------------------------------------------------------
 
 
-async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_runner() -> None:
+async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_turn_at_a_time() -> None:
     """The Go original could start a second runner for a conversation being forgotten."""
     with anyio.fail_after(10):
         rec = Recorder()
         async with TurnRegistry() as turns:
-            runners: dict[str, int] = {}
-            inner = turns._runner
+            taking: dict[str, int] = {}
+            inner = turns._take_turn
 
-            async def counted(conversation_id: str, job: Job) -> None:
-                runners[conversation_id] = runners.get(conversation_id, 0) + 1
-                assert runners[conversation_id] == 1, "two runners for one conversation"
+            async def counted(conversation_id: str, job: Job, waited: bool) -> None:
+                taking[conversation_id] = taking.get(conversation_id, 0) + 1
+                assert taking[conversation_id] == 1, "two turns at once in one conversation"
                 try:
-                    await inner(conversation_id, job)
+                    await inner(conversation_id, job, waited)
                 finally:
-                    runners[conversation_id] -= 1
+                    taking[conversation_id] -= 1
 
-            turns._runner = counted  # type: ignore[method-assign]
+            turns._take_turn = counted  # type: ignore[method-assign]
             positions: list[int] = []
 
             async def resubmit_when_done(i: int, job: Job) -> None:
@@ -1139,7 +1194,7 @@ async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_runner() -> N
                 for i in range(200):
                     job = Job(rec.turn(f"{i}a"))
                     # The waiter parks before the turn ends: it is woken by the end of the
-                    # conversation's last turn and submits while the runner is leaving.
+                    # conversation's last turn and submits while its task is leaving.
                     tg.start_soon(resubmit_when_done, i, job)
                     await anyio.lowlevel.checkpoint()
                     turns.submit("conv", job)
