@@ -233,7 +233,15 @@ def _check_conversation_id(conversation_id: object) -> str:
 
 
 class _MisuseError(CoordinatorError, RuntimeError):
-    """The registry was used outside its ``async with`` lifecycle (a programming error)."""
+    """A programming error: the registry was used outside its ``async with`` lifecycle, or
+    a turn waited for a later turn of its own conversation (a certain deadlock)."""
+
+
+# The turn whose body (or a task it started) is running here: its registry, conversation
+# and job. Each turn's task has a context of its own, so the value is set, never reset.
+_running_turn: Final = contextvars.ContextVar[tuple["TurnRegistry", str, Job] | None](
+    "lovely_coordinator.turns.running_turn", default=None
+)
 
 
 _UNENTERED: Final = 0
@@ -399,9 +407,23 @@ class TurnRegistry:
             TurnDropped: the job was dropped by ``interrupt``/``replace_queued``.
             TurnInterrupted, LeaseLostError: the turn was cancelled.
             DrainingError, CoordinationUnavailableError: the turn was refused.
+            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
+                running turn of the same conversation, or a task it started: the new turn
+                could only start after the caller's own turn ended, so waiting would
+                deadlock. Nothing is submitted; :meth:`submit` is allowed there.
             ...and everything :meth:`submit` raises, and the turn's own exception.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
+        running = _running_turn.get()
+        if (
+            running is not None
+            and running[0] is self
+            and running[1] == conversation_id
+            and self._table.current(conversation_id) is running[2]
+        ):
+            raise _MisuseError(
+                "a turn cannot wait for a later turn of its own conversation; submit() it instead"
+            )
         job = Job(run)
         self.submit(conversation_id, job, multitask)
         try:
@@ -470,6 +492,7 @@ class TurnRegistry:
         # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
         if self._lifecycle != _OPEN:
             return
+        _running_turn.set((self, conversation_id, job))
         await self._take_turn(conversation_id, job, waited)
         next_job = self._advance(conversation_id, job)
         if next_job is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import gc
 import random
+import re
 import tracemalloc
 from collections.abc import Awaitable, Callable
 
@@ -359,6 +360,50 @@ async def test_each_turn_runs_in_the_context_of_its_own_submitter() -> None:
             ("second after", "set by second"),
             ("third", "req-3"),
             ("third after", "set by third"),
+        ]
+
+
+SELF_WAIT = "a turn cannot wait for a later turn of its own conversation; submit() it instead"
+
+
+async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> None:
+    """It used to deadlock silently: the new turn could only start after the caller's."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        refused: list[str] = []
+        turn_over = anyio.Event()
+        async with TurnRegistry() as turns, anyio.create_task_group() as outside:
+
+            async def attempt(where: str) -> None:
+                with pytest.raises(CoordinatorError, match=f"^{re.escape(SELF_WAIT)}$") as info:
+                    await turns.run("conv", rec.turn(f"never, from {where}"))
+                assert isinstance(info.value, RuntimeError)
+                assert turns.waiting("conv") == 0, "nothing was submitted"
+                refused.append(where)
+
+            async def leftover() -> None:
+                await turn_over.wait()  # its turn has ended: waiting is no deadlock any more
+                assert await turns.run("conv", rec.turn("from a leftover task", result=1)) == 1
+
+            async def turn(fence: int) -> str:
+                await attempt("the body")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attempt, "a child task")
+                assert await turns.run("other", rec.turn("other conversation", result=2)) == 2
+                assert turns.submit("conv", Job(rec.turn("submitted"))) == 1, "still allowed"
+                outside.start_soon(leftover)
+                return "done"
+
+            assert await turns.run("conv", turn) == "done"
+            turn_over.set()
+        assert refused == ["the body", "a child task"]
+        assert rec.log == [
+            "start other conversation",
+            "end other conversation",
+            "start submitted",
+            "end submitted",
+            "start from a leftover task",
+            "end from a leftover task",
         ]
 
 
