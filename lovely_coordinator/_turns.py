@@ -603,6 +603,27 @@ class TurnRegistry:
         except Exception as exc:
             job._error = exc
             _log.error("a turn of conversation %r failed", conversation_id, exc_info=exc)
+        except BaseExceptionGroup as group:
+            # A cancellation beside errors, as a task group in the body reports a child
+            # that failed while it was cancelled. Raised on, it would reach the registry's
+            # task group as an error and tear every conversation down.
+            cancelled, errors = group.split(anyio.get_cancelled_exc_class())
+            if cancelled is None or (errors is not None and errors.split(Exception)[1] is not None):
+                raise  # KeyboardInterrupt, SystemExit...: as when raised bare
+            if errors is not None:
+                _log.error("a turn of conversation %r failed", conversation_id, exc_info=errors)
+            job._body_ended = True
+            if anyio.current_effective_deadline() != -math.inf:
+                # Nothing cancels the turn: the cancellation in the group is nobody's.
+                job._error = errors if errors is not None else TurnInterrupted()
+                return
+            # We are cancelling the turn (interrupt, lost lease, shutdown, or a scope
+            # around the registry): an interruption, however the body took it. The
+            # cancellation is level-triggered, so this checkpoint raises it again, bare,
+            # for the scope it belongs to.
+            job._error = job._stop if job._stop is not None else TurnInterrupted()
+            await anyio.lowlevel.checkpoint()
+            return
         job._body_ended = True
 
     def _became_idle(self) -> None:

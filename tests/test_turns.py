@@ -407,6 +407,106 @@ async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> No
         ]
 
 
+# -- a cancellation beside errors --------------------------------------------------------
+
+
+async def fails_while_cancelled(fence: int) -> None:
+    """A body whose cleanup fails while it is cancelled, as a task group in it may report."""
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class() as cancelled:
+        raise BaseExceptionGroup("cleanup", [cancelled, ValueError("cleanup failed")]) from None
+
+
+def logged_cleanup_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    failures = []
+    for record in caplog.records:
+        if record.exc_info is not None and isinstance(record.exc_info[1], BaseExceptionGroup):
+            failures += [str(error) for error in record.exc_info[1].exceptions]
+    return failures
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "lost lease"])
+async def test_a_stopped_turn_raising_a_cancellation_beside_errors_ends_interrupted(
+    stop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a group used to escape the turn and crash the registry's task group."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = GrantingLocker() if stop == "lost lease" else None
+        async with TurnRegistry(locker=locker) as turns:
+            victim = Job(fails_while_cancelled)
+            turns.submit("conv", victim)
+            turns.submit("conv", Job(rec.turn("queued")))
+            await wait_all_tasks_blocked()
+            if locker is None:
+                assert await turns.run("conv", rec.turn("next", result=1), "interrupt") == 1
+            else:
+                locker.leases[0].lost.set()
+                assert await turns.run("conv", rec.turn("next", result=1)) == 1
+                assert locker.leases[0].released
+            expected = TurnInterrupted if locker is None else LeaseLostError
+            assert isinstance(victim.error, expected)
+            assert await turns.run("conv", rec.turn("later", result=2)) == 2, "still alive"
+        assert logged_cleanup_failures(caplog) == ["cleanup failed"]
+        ran = ["next", "later"] if locker is None else ["queued", "next", "later"]
+        assert rec.log == [f"{what} {name}" for name in ran for what in ("start", "end")]
+
+
+@pytest.mark.parametrize("how", ["an exception", "an enclosing cancel scope"])
+async def test_a_cancellation_beside_errors_while_the_registry_is_left_ends_interrupted(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(5):
+        victim = Job(fails_while_cancelled)
+        queued = Job(forever)
+        left_by: list[str] = []
+        with anyio.CancelScope() as enclosing:
+            try:
+                async with TurnRegistry() as turns:
+                    turns.submit("conv", victim)
+                    turns.submit("conv", queued)
+                    await wait_all_tasks_blocked()
+                    if how == "an exception":
+                        raise LookupError("leaving")
+                    enclosing.cancel()
+                    await anyio.sleep_forever()
+            except LookupError as error:
+                left_by.append(str(error))
+        assert left_by == (["leaving"] if how == "an exception" else [])
+        assert enclosing.cancelled_caught == (how != "an exception")
+        assert isinstance(victim.error, TurnInterrupted)
+        assert isinstance(queued.error, DrainingError)
+        assert victim.done
+        assert queued.done
+        assert logged_cleanup_failures(caplog) == ["cleanup failed"]
+
+
+async def test_a_turn_raising_a_stray_cancellation_beside_errors_fails_with_the_errors() -> None:
+    with anyio.fail_after(5):
+        one, two = ValueError("one"), KeyError("two")
+
+        async def turn(fence: int) -> None:
+            with anyio.CancelScope() as inner:
+                inner.cancel()
+                try:
+                    await anyio.lowlevel.checkpoint()
+                except anyio.get_cancelled_exc_class() as cancelled:
+                    stray = cancelled
+            # Nothing cancels the turn: the cancellation in this group is nobody's.
+            raise BaseExceptionGroup("odd", [one, stray, two])
+
+        async with TurnRegistry() as turns:
+            with pytest.raises(ExceptionGroup) as info:
+                await turns.run("conv", turn)
+            assert info.value.exceptions == (one, two)
+            assert await turns.run("conv", answer_one) == 1
+
+
+async def answer_one(fence: int) -> int:
+    return 1
+
+
 # -- capacity and bad input --------------------------------------------------------------
 
 
