@@ -143,6 +143,7 @@ class ActivationInterrupted:
 
 
 Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted
+"""How an activation ended, as ``on_exit`` receives it (annotate ``on_exit`` with it)."""
 
 
 @final

@@ -3,7 +3,12 @@
 A *key* (a room, a mailbox, a resident agent) is woken whenever it has new input; its
 ``activate(key)`` then runs once more, never twice at the same time, while
 ``max_concurrent`` bounds how many keys run at once and ``max_queued`` bounds how many
-wait. Every activation is reported once to ``on_exit``.
+wait. Every activation is reported once to ``on_exit``, with an :data:`Exit`: one of
+``ActivationSucceeded``, ``ActivationFailed`` or ``ActivationInterrupted``::
+
+    def report(outcome: Exit) -> None:
+        if isinstance(outcome, ActivationFailed):
+            log.warning("%s failed", outcome.key, exc_info=outcome.cause)
 
 Exceptions::
 
@@ -18,6 +23,7 @@ from ._lanes import Activation as Activation
 from ._lanes import ActivationFailed as ActivationFailed
 from ._lanes import ActivationInterrupted as ActivationInterrupted
 from ._lanes import ActivationSucceeded as ActivationSucceeded
+from ._lanes import Exit as Exit
 from ._lanes import Lanes as Lanes
 from ._lanes import LanesConfig as LanesConfig
 from ._lanes import LanesConfigInvalid as LanesConfigInvalid
@@ -33,6 +39,7 @@ __all__ = [
     "ActivationFailed",
     "ActivationInterrupted",
     "ActivationSucceeded",
+    "Exit",
     "LaneQueueFull",
     "LaneSnapshot",
     "Lanes",

@@ -8,6 +8,7 @@ import random
 import re
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from typing import get_args
 
 import anyio
 import anyio.lowlevel
@@ -19,7 +20,6 @@ import lovely_coordinator._turns as turns_impl
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._turns import RELEASE_TIMEOUT
-from lovely_coordinator._turns_state import Multitask
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,
@@ -28,6 +28,8 @@ from lovely_coordinator.turns import (
     Job,
     Lease,
     LeaseLostError,
+    LeaseSignal,
+    Multitask,
     QueueFullError,
     TurnDropped,
     TurnInterrupted,
@@ -166,13 +168,20 @@ def test_public_names() -> None:
         "Job",
         "Lease",
         "LeaseLostError",
+        "LeaseSignal",
         "Locker",
+        "Multitask",
         "QueueFullError",
         "TurnDropped",
         "TurnInterrupted",
         "TurnRegistry",
     }
     assert DEFAULT_MAX_QUEUED == 10
+    assert get_args(Multitask) == ("enqueue", "reject", "interrupt", "replace_queued")
+
+
+def as_lease_signal(event: anyio.Event) -> LeaseSignal:
+    return event  # mypy --strict checks that an anyio.Event has the shape Lease.lost needs
 
 
 @pytest.mark.parametrize(
