@@ -1,13 +1,14 @@
 """Per-conversation turn queues: the async shell over :mod:`._turns_state`.
 
-:class:`TurnRegistry` owns a task group, and each turn gets a task of its own in it,
-started when the turn begins: by :meth:`~TurnRegistry.submit` for a turn that starts at
-once, else by the task of the turn before it, which ends the finished turn and starts the
-next one (or forgets the conversation) in one synchronous step. Each task is spawned in
-the contextvars context of the ``submit`` that admitted its turn, so a turn sees its own
-submitter's request-scoped values, never those of whoever started the conversation. Which
-job runs next is decided by the :class:`~._turns_state.TurnTable`; this module only
-carries out its decisions.
+:class:`TurnRegistry` owns a task group. :meth:`~TurnRegistry.submit` starts a task for a
+turn that starts at once; when a turn ends, its task ends it and takes the next one (or
+forgets the conversation) in one synchronous step. Every turn runs in the contextvars
+context of the ``submit`` that admitted it: the task takes the next turn itself only while
+its context holds the very values that turn's submitter had (one submitter, turns that set
+nothing: the common case), and otherwise spawns the turn a task of its own in the
+submitter's context. So a turn never sees the values of whoever started the conversation,
+nor those an earlier turn set. Which job runs next is decided by the
+:class:`~._turns_state.TurnTable`; this module only carries out its decisions.
 
 One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
 locker), ``job.run(fence)`` inside a cancel scope that ``interrupt`` and a lost lease
@@ -224,6 +225,18 @@ def _stop(job: Job, reason: CoordinatorError) -> None:
         job._scope.cancel()
 
 
+_ABSENT: Final = object()
+
+
+def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
+    """Whether both contexts hold the very same object (``is``) for every variable.
+
+    Identity, not equality: two requests' equal but distinct values (two empty lists of
+    spans, say) must stay apart.
+    """
+    return len(a) == len(b) and all(b.get(var, _ABSENT) is value for var, value in a.items())
+
+
 def _check_conversation_id(conversation_id: object) -> str:
     if not isinstance(conversation_id, str):
         raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
@@ -238,7 +251,7 @@ class _MisuseError(CoordinatorError, RuntimeError):
 
 
 # The turn whose body (or a task it started) is running here: its registry, conversation
-# and job. Each turn's task has a context of its own, so the value is set, never reset.
+# and job. Reset after the turn, so that the task's context can serve the next turn.
 _running_turn: Final = contextvars.ContextVar[tuple["TurnRegistry", str, Job] | None](
     "lovely_coordinator.turns.running_turn", default=None
 )
@@ -490,21 +503,28 @@ class TurnRegistry:
 
     async def _turn_task(self, conversation_id: str, job: Job, waited: bool) -> None:
         # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
-        if self._lifecycle != _OPEN:
-            return
-        _running_turn.set((self, conversation_id, job))
-        await self._take_turn(conversation_id, job, waited)
-        next_job = self._advance(conversation_id, job)
-        if next_job is None:
-            return
-        # The next turn gets a task of its own, spawned in its submitter's context (one
-        # task per turn costs a spawn per queued turn; a runner looping over the turns
-        # would run them all in the first submitter's context). The context is used once:
-        # Context.run cannot be re-entered.
-        context, next_job._context = next_job._context, None
-        assert context is not None
-        assert self._task_group is not None
-        context.run(self._task_group.start_soon, self._turn_task, conversation_id, next_job, True)
+        while self._lifecycle == _OPEN:
+            token = _running_turn.set((self, conversation_id, job))
+            await self._take_turn(conversation_id, job, waited)
+            _running_turn.reset(token)
+            next_job = self._advance(conversation_id, job)
+            if next_job is None:
+                return
+            context, next_job._context = next_job._context, None
+            assert context is not None
+            if not _same_values(context, contextvars.copy_context()):
+                # The next turn gets a task of its own, spawned in its submitter's context.
+                # (The context is used once: Context.run cannot be re-entered.)
+                assert self._task_group is not None
+                context.run(
+                    self._task_group.start_soon, self._turn_task, conversation_id, next_job, True
+                )
+                return
+            # This task's context holds the very values the next turn's submitter had (the
+            # common case: one submitter, and turns that set no variable), so taking the
+            # turn here cannot be told from taking it in a copy of that context, and saves
+            # spawning a task per turn.
+            job, waited = next_job, True
 
     def _advance(self, conversation_id: str, job: Job) -> Job | None:
         """Finish ``job`` and return the next job to take, forgetting an idle conversation.

@@ -372,6 +372,74 @@ async def test_each_turn_runs_in_the_context_of_its_own_submitter() -> None:
         ]
 
 
+async def test_a_turn_shares_the_task_before_it_only_while_the_values_are_the_very_same() -> None:
+    with anyio.fail_after(5):
+        ran: list[tuple[str, str, int]] = []
+
+        def turn(name: str, sets: bool = False) -> Turn:
+            async def run(fence: int) -> None:
+                ran.append((name, request_id.get(), anyio.get_current_task().id))
+                if sets:
+                    request_id.set(f"set by {name}")
+                await anyio.lowlevel.checkpoint()
+
+            return run
+
+        gate = anyio.Event()
+
+        async def first(fence: int) -> None:
+            await gate.wait()
+            ran.append(("first", request_id.get(), anyio.get_current_task().id))
+
+        request_id.set("req")
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(first))
+            for name, sets in [("plain", False), ("setter", True), ("after", False)]:
+                turns.submit("conv", Job(turn(name, sets)))
+            await wait_all_tasks_blocked()
+            gate.set()
+        assert [(name, rid) for name, rid, _ in ran] == [
+            ("first", "req"),
+            ("plain", "req"),
+            ("setter", "req"),
+            ("after", "req"),  # not "set by setter": it got a task of its own
+        ]
+        tasks = [task for _, _, task in ran]
+        assert tasks[0] == tasks[1] == tasks[2], "same values: the turns share one task"
+        assert tasks[3] != tasks[2]
+
+
+async def test_equal_but_distinct_values_of_two_submitters_stay_apart() -> None:
+    with anyio.fail_after(5):
+        spans: contextvars.ContextVar[list[str]] = contextvars.ContextVar("spans")
+        lists: list[list[str]] = []
+        seen: list[list[str]] = []
+        gate = anyio.Event()
+
+        def turn(wait: anyio.Event | None) -> Turn:
+            async def run(fence: int) -> None:
+                if wait is not None:
+                    await wait.wait()
+                seen.append(spans.get())
+
+            return run
+
+        async with TurnRegistry() as turns:
+
+            async def submit_as(wait: anyio.Event | None) -> None:
+                lists.append([])
+                spans.set(lists[-1])  # equal to the other submitter's list, not the same
+                turns.submit("conv", Job(turn(wait)))
+
+            await submit_as(gate)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit_as, None)
+            gate.set()
+        assert len(seen) == 2
+        assert seen[0] is lists[0]
+        assert seen[1] is lists[1]
+
+
 SELF_WAIT = "a turn cannot wait for a later turn of its own conversation; submit() it instead"
 
 
