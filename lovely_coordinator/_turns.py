@@ -181,10 +181,26 @@ class Job:
         return self._error
 
     async def wait(self) -> None:
-        """Wait until :attr:`done`. Always a checkpoint; never raises the job's error."""
+        """Wait until :attr:`done`. Always a checkpoint; never raises the job's error.
+
+        Raises:
+            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
+                running turn, or a task it started, for a job queued behind that turn: it
+                could only be done after the caller's turn ended. The job stays queued.
+        """
         if self._phase == _DONE:
             await anyio.lowlevel.checkpoint()
             return
+        running = _running_turn.get()
+        if running is not None and self._phase == _QUEUED:
+            registry, conversation_id, _ = running
+            if registry._in_turn_of(conversation_id) and self in registry._table.pending(
+                conversation_id
+            ):
+                raise _MisuseError(
+                    "a turn cannot wait for a later turn of its own conversation;"
+                    " let it run after this one"
+                )
         if self._event is None:
             self._event = anyio.Event()
         await self._event.wait()
@@ -427,13 +443,7 @@ class TurnRegistry:
             ...and everything :meth:`submit` raises, and the turn's own exception.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        running = _running_turn.get()
-        if (
-            running is not None
-            and running[0] is self
-            and running[1] == conversation_id
-            and self._table.current(conversation_id) is running[2]
-        ):
+        if self._in_turn_of(conversation_id):
             raise _MisuseError(
                 "a turn cannot wait for a later turn of its own conversation; submit() it instead"
             )
@@ -450,6 +460,16 @@ class TurnRegistry:
         if job._error is not None:
             raise job._error
         return cast(T, job._result)
+
+    def _in_turn_of(self, conversation_id: str) -> bool:
+        """Whether the caller is a running turn of the conversation (or a task it started)."""
+        running = _running_turn.get()
+        return (
+            running is not None
+            and running[0] is self
+            and running[1] == conversation_id
+            and self._table.current(conversation_id) is running[2]
+        )
 
     def waiting(self, conversation_id: str) -> int:
         """How many turns wait (not running) in the conversation; 0 when idle or unknown.

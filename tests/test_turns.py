@@ -484,6 +484,41 @@ async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> No
         ]
 
 
+WAIT_BEHIND = (
+    "a turn cannot wait for a later turn of its own conversation; let it run after this one"
+)
+
+
+async def test_a_turn_waiting_for_a_job_queued_behind_it_fails_at_once() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        refused: list[str] = []
+        async with TurnRegistry() as turns:
+            later = Job(rec.turn("later"))
+            elsewhere = Job(rec.turn("elsewhere"))
+
+            async def attempt(where: str) -> None:
+                with pytest.raises(CoordinatorError, match=f"^{re.escape(WAIT_BEHIND)}$") as info:
+                    await later.wait()
+                assert isinstance(info.value, RuntimeError)
+                refused.append(where)
+
+            async def turn(fence: int) -> None:
+                assert turns.submit("conv", later) == 1
+                await attempt("the body")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attempt, "a child task")
+                assert turns.waiting("conv") == 1, "the job stays queued"
+                turns.submit("other", elsewhere)
+                await elsewhere.wait()  # another conversation: no deadlock
+
+            await turns.run("conv", turn)
+            await later.wait()
+        assert refused == ["the body", "a child task"]
+        assert later.error is None
+        assert rec.log == ["start elsewhere", "end elsewhere", "start later", "end later"]
+
+
 # -- a cancellation beside errors --------------------------------------------------------
 
 
