@@ -262,8 +262,11 @@ def _check_conversation_id(conversation_id: object) -> str:
 
 
 class _MisuseError(CoordinatorError, RuntimeError):
-    """A programming error: the registry was used outside its ``async with`` lifecycle, or
-    a turn waited for a later turn of its own conversation (a certain deadlock)."""
+    """A programming error, such as a certain deadlock.
+
+    Raised when the registry is used outside its ``async with`` lifecycle, or when a turn
+    would wait for a later turn of its own conversation.
+    """
 
 
 # The turn whose body (or a task it started) is running here: its registry, conversation
@@ -290,6 +293,13 @@ class TurnRegistry:
     turns end with :class:`TurnInterrupted`, the queued ones are refused with
     :class:`DrainingError`).
 
+    Each turn runs in a copy of the contextvars context of the :meth:`submit` (or
+    :meth:`run`) call that admitted it, so request-scoped values (a tracing id, the current
+    user, :func:`~lovely_coordinator.current_permit`) follow the turn, whoever else submitted
+    to the conversation before it. Values a turn sets stay in its own copy. A turn may
+    :meth:`submit` to its own conversation, but not wait for that later turn: :meth:`run`
+    and :meth:`Job.wait` raise rather than deadlock.
+
     Args:
         locker: serializes turns across replicas; each turn first takes a lease from it
             and runs with the lease's fence. None (single replica) runs turns with fence 0.
@@ -298,11 +308,6 @@ class TurnRegistry:
 
     Raises:
         InvalidArgumentError: ``max_queued`` is not a nonnegative integer.
-
-    Each turn runs in a copy of the contextvars context of the :meth:`submit` (or
-    :meth:`run`) call that admitted it, so request-scoped values (a tracing id, the current
-    user, :func:`~lovely_coordinator.current_permit`) follow the turn, whoever else submitted
-    to the conversation before it. Values a turn sets stay in its own copy.
 
     Like every anyio primitive it belongs to one event loop: call it from that loop's
     thread only.
