@@ -1,7 +1,8 @@
 """Lanes: one activation per key under a global cap (the async runner).
 
 The decisions (who starts, who waits, who gets a freed slot) live in the synchronous
-:class:`~._lanes_state.LanesState`; this module only runs what it decides. Each recorded
+:class:`~._lanes_state.LanesState`, the config and outcome values in :mod:`._lanes_types`;
+this module only runs what the state decides. Each recorded
 activation gets one task in the lanes' task group. That task is shielded from outside
 cancellation for its whole life, so it always reaches its end and frees its slot; the
 lanes stop it on purpose by cancelling the *body's* own scope (on ``cancel``, ``close``
@@ -29,14 +30,12 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Annotated, Any, Final, final
+from typing import Final, final
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._errors import InvalidArgumentError
 from ._lanes_state import (
     ActivationRecord,
     LanesState,
@@ -44,105 +43,23 @@ from ._lanes_state import (
     StopReason,
     WakeResult,
 )
+from ._lanes_types import (
+    ActivationFailed,
+    ActivationInterrupted,
+    ActivationSucceeded,
+    Exit,
+    LanesConfig,
+    LanesConfigInvalid,
+)
 
 __all__ = [
     "Activation",
-    "ActivationFailed",
-    "ActivationInterrupted",
-    "ActivationSucceeded",
-    "Exit",
     "Lanes",
-    "LanesConfig",
-    "LanesConfigInvalid",
     "create_lanes",
     "current_activation",
 ]
 
 _log = logging.getLogger("lovely_coordinator.lanes")
-
-
-class LanesConfigInvalid(InvalidArgumentError):
-    """The lanes' configuration is invalid; nothing was created.
-
-    ``errors`` carries pydantic's structured details when they exist.
-    """
-
-
-class LanesConfig(BaseModel):
-    """How lanes admit work. Frozen and validated on construction.
-
-    Attributes:
-        max_concurrent: activations running at once across all keys (an int ≥ 1).
-        max_queued: lanes that may wait for a slot (an int ≥ 0), or None for no bound;
-            without a bound the queue still holds at most one entry per key.
-        turn_timeout: seconds an activation may run before it is interrupted (finite,
-            > 0), counted from the activation's own start, or None for no limit.
-
-    Raises:
-        LanesConfigInvalid: any field is invalid (never a bare pydantic error).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_concurrent: Annotated[int, Field(strict=True, ge=1)]
-    max_queued: Annotated[int, Field(strict=True, ge=0)] | None = None
-    turn_timeout: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)] | None = None
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> LanesConfig:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
-
-
-def _config_error(exc: ValidationError) -> LanesConfigInvalid:
-    details = exc.errors(include_url=False)
-    reasons = "; ".join(f"{'.'.join(map(str, d['loc'])) or '?'}: {d['msg']}" for d in details)
-    return LanesConfigInvalid(f"Invalid lanes config: {reasons}", errors=details)
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ActivationSucceeded:
-    """The activation's body returned (and its finalizers did not raise)."""
-
-    key: str
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ActivationFailed:
-    """The body raised ``cause`` by itself, or a finalizer raised ``cause``.
-
-    A finalizer's error replaces the body's outcome, whatever that was.
-    """
-
-    key: str
-    cause: BaseException
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ActivationInterrupted:
-    """The lanes stopped the body while it ran, or before ``activate`` was called.
-
-    A stop that lands while the body runs decides the outcome, however the body then
-    ends (a plain ``try/finally`` in the body is part of the body). ``reason`` is the
-    first stop: ``"cancel"``, ``"close"`` or ``"timeout"``.
-    """
-
-    key: str
-    reason: StopReason
-
-
-Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted
 
 
 @final

@@ -1,18 +1,23 @@
 """Per-conversation turn queues: the async shell over :mod:`._turns_state`.
 
-:class:`TurnRegistry` owns a task group. The first turn admitted for an idle
-conversation starts that conversation's *runner*, a task that takes the conversation's
-turns one after the other and ends (forgetting the conversation, in the same synchronous
-step as the last turn's end) when nothing waits. Which job runs next is decided by the
+:class:`TurnRegistry` owns a task group. :meth:`~TurnRegistry.submit` starts a task for a
+turn that starts at once; when a turn ends, its task ends it and takes the next one (or
+forgets the conversation) in one synchronous step. Every turn runs in the contextvars
+context of the ``submit`` that admitted it: the task takes the next turn itself only while
+its context holds the very values that turn's submitter had (one submitter, turns that set
+nothing: the common case), and otherwise spawns the turn a task of its own in the
+submitter's context. So a turn never sees the values of whoever started the conversation,
+nor those an earlier turn set. Which job runs next is decided by the
 :class:`~._turns_state.TurnTable`; this module only carries out its decisions.
 
-One turn, as the runner takes it: ``on_dequeue`` (jobs that waited), the lease (with a
+One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
 locker), ``job.run(fence)`` inside a cancel scope that ``interrupt`` and a lost lease
 cancel, the shielded lease release, and finally the job is marked done.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -94,7 +99,7 @@ class Locker(Protocol):
 
 _NEW: Final = 0
 _QUEUED: Final = 1
-_CURRENT: Final = 2  # its runner is taking its turn
+_CURRENT: Final = 2  # its task is taking its turn
 _DONE: Final = 3
 
 _Phase = Literal[0, 1, 2, 3]
@@ -124,6 +129,7 @@ class Job:
     # lazily because a Job may be built outside an event loop.
     __slots__ = (
         "_body_ended",
+        "_context",
         "_dropped",
         "_error",
         "_event",
@@ -150,12 +156,14 @@ class Job:
         self._error: BaseException | None = None
         self._result: object = None
         self._event: anyio.Event | None = None
-        # The turn's cancel scope while the runner takes it, and the first reason to stop
+        # The turn's cancel scope while its task takes it, and the first reason to stop
         # it (TurnInterrupted or LeaseLostError), recorded as the job's error if the
         # cancellation is what ended the body.
         self._scope: anyio.CancelScope | None = None
         self._stop: CoordinatorError | None = None
         self._body_ended = False
+        # The context of the submit() that queued the job; its turn's task is spawned in it.
+        self._context: contextvars.Context | None = None
 
     @property
     def done(self) -> bool:
@@ -173,10 +181,26 @@ class Job:
         return self._error
 
     async def wait(self) -> None:
-        """Wait until :attr:`done`. Always a checkpoint; never raises the job's error."""
+        """Wait until :attr:`done`. Always a checkpoint; never raises the job's error.
+
+        Raises:
+            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
+                running turn, or a task it started, for a job queued behind that turn: it
+                could only be done after the caller's turn ended. The job stays queued.
+        """
         if self._phase == _DONE:
             await anyio.lowlevel.checkpoint()
             return
+        running = _running_turn.get()
+        if running is not None and self._phase == _QUEUED:
+            registry, conversation_id, _ = running
+            if registry._in_turn_of(conversation_id) and self in registry._table.pending(
+                conversation_id
+            ):
+                raise _MisuseError(
+                    "a turn cannot wait for a later turn of its own conversation;"
+                    " let it run after this one"
+                )
         if self._event is None:
             self._event = anyio.Event()
         await self._event.wait()
@@ -199,6 +223,7 @@ def _call_back(callback: Callable[..., object] | None, *args: object) -> None:
 def _finish(job: Job) -> None:
     job._phase = _DONE
     job._scope = None
+    job._context = None
     if job._event is not None:
         job._event.set()
 
@@ -216,6 +241,18 @@ def _stop(job: Job, reason: CoordinatorError) -> None:
         job._scope.cancel()
 
 
+_ABSENT: Final = object()
+
+
+def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
+    """Whether both contexts hold the very same object (``is``) for every variable.
+
+    Identity, not equality: two requests' equal but distinct values (two empty lists of
+    spans, say) must stay apart.
+    """
+    return len(a) == len(b) and all(b.get(var, _ABSENT) is value for var, value in a.items())
+
+
 def _check_conversation_id(conversation_id: object) -> str:
     if not isinstance(conversation_id, str):
         raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
@@ -225,12 +262,23 @@ def _check_conversation_id(conversation_id: object) -> str:
 
 
 class _MisuseError(CoordinatorError, RuntimeError):
-    """The registry was used outside its ``async with`` lifecycle (a programming error)."""
+    """A programming error, such as a certain deadlock.
+
+    Raised when the registry is used outside its ``async with`` lifecycle, or when a turn
+    would wait for a later turn of its own conversation.
+    """
+
+
+# The turn whose body (or a task it started) is running here: its registry, conversation
+# and job. Reset after the turn, so that the task's context can serve the next turn.
+_running_turn: Final = contextvars.ContextVar[tuple["TurnRegistry", str, Job] | None](
+    "lovely_coordinator.turns.running_turn", default=None
+)
 
 
 _UNENTERED: Final = 0
 _OPEN: Final = 1
-_CANCELLING: Final = 2  # leaving the block by an exception: the runners are cancelled
+_CANCELLING: Final = 2  # leaving the block by an exception: the turn tasks are cancelled
 _CLOSED: Final = 3
 
 
@@ -240,10 +288,17 @@ class TurnRegistry:
 
     A conversation runs one turn at a time, in submission order, whichever door the turns
     came through. Use it as an async context manager: it owns the task group the
-    conversations' runners live in. Leaving the block normally drains and waits for every
+    turns' tasks live in. Leaving the block normally drains and waits for every
     admitted turn; leaving it by an exception or a cancellation cancels them (the running
     turns end with :class:`TurnInterrupted`, the queued ones are refused with
     :class:`DrainingError`).
+
+    Each turn runs in a copy of the contextvars context of the :meth:`submit` (or
+    :meth:`run`) call that admitted it, so request-scoped values (a tracing id, the current
+    user, :func:`~lovely_coordinator.current_permit`) follow the turn, whoever else submitted
+    to the conversation before it. Values a turn sets stay in its own copy. A turn may
+    :meth:`submit` to its own conversation, but not wait for that later turn: :meth:`run`
+    and :meth:`Job.wait` raise rather than deadlock.
 
     Args:
         locker: serializes turns across replicas; each turn first takes a lease from it
@@ -309,7 +364,7 @@ class TurnRegistry:
         if leaving_by is not None:
             self._lifecycle = _CANCELLING
             task_group.cancel_scope.cancel()
-        # The runners never raise (a turn's failure is recorded on its job), so the task
+        # The turn tasks never raise (a turn's failure is recorded on its job), so the task
         # group only needs to see a cancellation, which may be its own; any other
         # exception from the body propagates as it is, not wrapped in an exception group.
         cancelled = leaving_by if isinstance(leaving_by, anyio.get_cancelled_exc_class()) else None
@@ -363,10 +418,12 @@ class TurnRegistry:
             _stop(admission.interrupted, TurnInterrupted())
         if admission.position:
             job._phase = _QUEUED
+            job._context = contextvars.copy_context()
         else:
             job._phase = _CURRENT
+            # start_soon copies the current context: the task runs in the caller's.
             assert self._task_group is not None
-            self._task_group.start_soon(self._runner, conversation_id, job)
+            self._task_group.start_soon(self._turn_task, conversation_id, job, False)
         return admission.position
 
     async def run(
@@ -384,9 +441,17 @@ class TurnRegistry:
             TurnDropped: the job was dropped by ``interrupt``/``replace_queued``.
             TurnInterrupted, LeaseLostError: the turn was cancelled.
             DrainingError, CoordinationUnavailableError: the turn was refused.
+            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
+                running turn of the same conversation, or a task it started: the new turn
+                could only start after the caller's own turn ended, so waiting would
+                deadlock. Nothing is submitted; :meth:`submit` is allowed there.
             ...and everything :meth:`submit` raises, and the turn's own exception.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._in_turn_of(conversation_id):
+            raise _MisuseError(
+                "a turn cannot wait for a later turn of its own conversation; submit() it instead"
+            )
         job = Job(run)
         self.submit(conversation_id, job, multitask)
         try:
@@ -400,6 +465,16 @@ class TurnRegistry:
         if job._error is not None:
             raise job._error
         return cast(T, job._result)
+
+    def _in_turn_of(self, conversation_id: str) -> bool:
+        """Whether the caller is a running turn of the conversation (or a task it started)."""
+        running = _running_turn.get()
+        return (
+            running is not None
+            and running[0] is self
+            and running[1] == conversation_id
+            and self._table.current(conversation_id) is running[2]
+        )
 
     def waiting(self, conversation_id: str) -> int:
         """How many turns wait (not running) in the conversation; 0 when idle or unknown.
@@ -449,16 +524,31 @@ class TurnRegistry:
             return True
         return False
 
-    # -- the runner side -------------------------------------------------------------
+    # -- the turn tasks ---------------------------------------------------------------
 
-    async def _runner(self, conversation_id: str, job: Job) -> None:
-        waited = False
+    async def _turn_task(self, conversation_id: str, job: Job, waited: bool) -> None:
         # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
         while self._lifecycle == _OPEN:
+            token = _running_turn.set((self, conversation_id, job))
             await self._take_turn(conversation_id, job, waited)
+            _running_turn.reset(token)
             next_job = self._advance(conversation_id, job)
             if next_job is None:
                 return
+            context, next_job._context = next_job._context, None
+            assert context is not None
+            if not _same_values(context, contextvars.copy_context()):
+                # The next turn gets a task of its own, spawned in its submitter's context.
+                # (The context is used once: Context.run cannot be re-entered.)
+                assert self._task_group is not None
+                context.run(
+                    self._task_group.start_soon, self._turn_task, conversation_id, next_job, True
+                )
+                return
+            # This task's context holds the very values the next turn's submitter had (the
+            # common case: one submitter, and turns that set no variable), so taking the
+            # turn here cannot be told from taking it in a copy of that context, and saves
+            # spawning a task per turn.
             job, waited = next_job, True
 
     def _advance(self, conversation_id: str, job: Job) -> Job | None:
@@ -558,6 +648,27 @@ class TurnRegistry:
         except Exception as exc:
             job._error = exc
             _log.error("a turn of conversation %r failed", conversation_id, exc_info=exc)
+        except BaseExceptionGroup as group:
+            # A cancellation beside errors, as a task group in the body reports a child
+            # that failed while it was cancelled. Raised on, it would reach the registry's
+            # task group as an error and tear every conversation down.
+            cancelled, errors = group.split(anyio.get_cancelled_exc_class())
+            if cancelled is None or (errors is not None and errors.split(Exception)[1] is not None):
+                raise  # KeyboardInterrupt, SystemExit...: as when raised bare
+            if errors is not None:
+                _log.error("a turn of conversation %r failed", conversation_id, exc_info=errors)
+            job._body_ended = True
+            if anyio.current_effective_deadline() != -math.inf:
+                # Nothing cancels the turn: the cancellation in the group is nobody's.
+                job._error = errors if errors is not None else TurnInterrupted()
+                return
+            # We are cancelling the turn (interrupt, lost lease, shutdown, or a scope
+            # around the registry): an interruption, however the body took it. The
+            # cancellation is level-triggered, so this checkpoint raises it again, bare,
+            # for the scope it belongs to.
+            job._error = job._stop if job._stop is not None else TurnInterrupted()
+            await anyio.lowlevel.checkpoint()
+            return
         job._body_ended = True
 
     def _became_idle(self) -> None:
@@ -566,7 +677,7 @@ class TurnRegistry:
             self._idle = None
 
     def _sweep(self) -> None:
-        """End every job left after the runners were cancelled (registry shutdown)."""
+        """End every job left after the turn tasks were cancelled (registry shutdown)."""
         for conversation_id in self._table.busy():
             current, *pending = self._table.forget(conversation_id)
             if not current._body_ended and current._error is None:

@@ -38,6 +38,7 @@ __all__ = [
 T = TypeVar("T")
 
 Multitask = Literal["enqueue", "reject", "interrupt", "replace_queued"]
+"""A double-texting mode: what ``submit``/``run`` do when the conversation is busy."""
 MULTITASK_MODES: Final[tuple[Multitask, ...]] = get_args(Multitask)
 
 

@@ -3,7 +3,12 @@
 A *key* (a room, a mailbox, a resident agent) is woken whenever it has new input; its
 ``activate(key)`` then runs once more, never twice at the same time, while
 ``max_concurrent`` bounds how many keys run at once and ``max_queued`` bounds how many
-wait. Every activation is reported once to ``on_exit``.
+wait. Every activation is reported once to ``on_exit``, with an :data:`Exit`: one of
+``ActivationSucceeded``, ``ActivationFailed`` or ``ActivationInterrupted``::
+
+    def report(outcome: Exit) -> None:
+        if isinstance(outcome, ActivationFailed):
+            log.warning("%s failed", outcome.key, exc_info=outcome.cause)
 
 Exceptions::
 
@@ -15,24 +20,26 @@ Exceptions::
 """
 
 from ._lanes import Activation as Activation
-from ._lanes import ActivationFailed as ActivationFailed
-from ._lanes import ActivationInterrupted as ActivationInterrupted
-from ._lanes import ActivationSucceeded as ActivationSucceeded
 from ._lanes import Lanes as Lanes
-from ._lanes import LanesConfig as LanesConfig
-from ._lanes import LanesConfigInvalid as LanesConfigInvalid
 from ._lanes import create_lanes as create_lanes
 from ._lanes import current_activation as current_activation
 from ._lanes_state import LaneQueueFull as LaneQueueFull
 from ._lanes_state import LanesClosed as LanesClosed
 from ._lanes_state import LaneSnapshot as LaneSnapshot
 from ._lanes_state import LanesStatus as LanesStatus
+from ._lanes_types import ActivationFailed as ActivationFailed
+from ._lanes_types import ActivationInterrupted as ActivationInterrupted
+from ._lanes_types import ActivationSucceeded as ActivationSucceeded
+from ._lanes_types import Exit as Exit
+from ._lanes_types import LanesConfig as LanesConfig
+from ._lanes_types import LanesConfigInvalid as LanesConfigInvalid
 
 __all__ = [
     "Activation",
     "ActivationFailed",
     "ActivationInterrupted",
     "ActivationSucceeded",
+    "Exit",
     "LaneQueueFull",
     "LaneSnapshot",
     "Lanes",

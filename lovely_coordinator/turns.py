@@ -11,12 +11,15 @@ and runs with its fencing token::
         result = await turns.run("conv-1", run)      # submit and wait
 
 Double texting follows LangGraph: ``multitask="enqueue"`` (default), ``"reject"``,
-``"interrupt"`` and ``"replace_queued"``.
+``"interrupt"`` and ``"replace_queued"``; :data:`Multitask` is their ``Literal`` type, for
+code that passes a mode along. A custom :class:`Locker` returns :class:`Lease` objects
+whose ``lost`` has the :class:`LeaseSignal` shape (an :class:`anyio.Event` has it).
 """
 
 from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
 from ._turns import Job as Job
 from ._turns import Lease as Lease
+from ._turns import LeaseSignal as LeaseSignal
 from ._turns import Locker as Locker
 from ._turns import TurnRegistry as TurnRegistry
 from ._turns_errors import ConversationBusyError as ConversationBusyError
@@ -26,6 +29,7 @@ from ._turns_errors import LeaseLostError as LeaseLostError
 from ._turns_errors import QueueFullError as QueueFullError
 from ._turns_errors import TurnDropped as TurnDropped
 from ._turns_errors import TurnInterrupted as TurnInterrupted
+from ._turns_state import Multitask as Multitask
 
 __all__ = [
     "ConversationBusyError",
@@ -35,7 +39,9 @@ __all__ = [
     "Job",
     "Lease",
     "LeaseLostError",
+    "LeaseSignal",
     "Locker",
+    "Multitask",
     "QueueFullError",
     "TurnDropped",
     "TurnInterrupted",

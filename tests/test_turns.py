@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import random
+import re
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from typing import get_args
 
 import anyio
 import anyio.lowlevel
@@ -17,7 +20,6 @@ import lovely_coordinator._turns as turns_impl
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._turns import RELEASE_TIMEOUT
-from lovely_coordinator._turns_state import Multitask
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,
@@ -26,6 +28,8 @@ from lovely_coordinator.turns import (
     Job,
     Lease,
     LeaseLostError,
+    LeaseSignal,
+    Multitask,
     QueueFullError,
     TurnDropped,
     TurnInterrupted,
@@ -164,13 +168,20 @@ def test_public_names() -> None:
         "Job",
         "Lease",
         "LeaseLostError",
+        "LeaseSignal",
         "Locker",
+        "Multitask",
         "QueueFullError",
         "TurnDropped",
         "TurnInterrupted",
         "TurnRegistry",
     }
     assert DEFAULT_MAX_QUEUED == 10
+    assert get_args(Multitask) == ("enqueue", "reject", "interrupt", "replace_queued")
+
+
+def as_lease_signal(event: anyio.Event) -> LeaseSignal:
+    return event  # mypy --strict checks that an anyio.Event has the shape Lease.lost needs
 
 
 @pytest.mark.parametrize(
@@ -305,6 +316,307 @@ async def test_a_turn_that_is_not_a_coroutine_function_fails_as_a_turn() -> None
             await job.wait()
             assert isinstance(job.error, TypeError)
             assert await turns.run("conv", Recorder().turn("next", result=1)) == 1
+
+
+# -- contexts ----------------------------------------------------------------------------
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+async def test_each_turn_runs_in_the_context_of_its_own_submitter() -> None:
+    """A busy conversation's later turns used to run in the first submitter's context."""
+    with anyio.fail_after(5):
+        seen: list[tuple[str, str]] = []
+        gate = anyio.Event()
+
+        def turn(name: str, wait: anyio.Event | None = None) -> Turn:
+            async def run(fence: int) -> str:
+                seen.append((name, request_id.get()))
+                request_id.set(f"set by {name}")  # stays in this turn's own copy
+                if wait is not None:
+                    await wait.wait()
+                await anyio.lowlevel.checkpoint()
+                seen.append((f"{name} after", request_id.get()))
+                return name
+
+            return run
+
+        async with TurnRegistry() as turns:
+
+            async def submit_as(rid: str, name: str, wait: anyio.Event | None = None) -> None:
+                request_id.set(rid)
+                turns.submit("conv", Job(turn(name, wait)))
+
+            async def run_as(rid: str, name: str) -> None:
+                request_id.set(rid)
+                assert await turns.run("conv", turn(name)) == name
+                assert request_id.get() == rid, "a turn's own values never leak back"
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit_as, "req-1", "first", gate)
+                await wait_all_tasks_blocked()
+                tg.start_soon(submit_as, "req-2", "second")
+                await wait_all_tasks_blocked()
+                tg.start_soon(run_as, "req-3", "third")
+                await wait_all_tasks_blocked()
+                assert turns.waiting("conv") == 2
+                gate.set()
+        assert request_id.get() == "-"
+        assert seen == [
+            ("first", "req-1"),
+            ("first after", "set by first"),
+            ("second", "req-2"),
+            ("second after", "set by second"),
+            ("third", "req-3"),
+            ("third after", "set by third"),
+        ]
+
+
+async def test_a_turn_shares_the_task_before_it_only_while_the_values_are_the_very_same() -> None:
+    with anyio.fail_after(5):
+        ran: list[tuple[str, str, int]] = []
+
+        def turn(name: str, sets: bool = False) -> Turn:
+            async def run(fence: int) -> None:
+                ran.append((name, request_id.get(), anyio.get_current_task().id))
+                if sets:
+                    request_id.set(f"set by {name}")
+                await anyio.lowlevel.checkpoint()
+
+            return run
+
+        gate = anyio.Event()
+
+        async def first(fence: int) -> None:
+            await gate.wait()
+            ran.append(("first", request_id.get(), anyio.get_current_task().id))
+
+        request_id.set("req")
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(first))
+            for name, sets in [("plain", False), ("setter", True), ("after", False)]:
+                turns.submit("conv", Job(turn(name, sets)))
+            await wait_all_tasks_blocked()
+            gate.set()
+        assert [(name, rid) for name, rid, _ in ran] == [
+            ("first", "req"),
+            ("plain", "req"),
+            ("setter", "req"),
+            ("after", "req"),  # not "set by setter": it got a task of its own
+        ]
+        tasks = [task for _, _, task in ran]
+        assert tasks[0] == tasks[1] == tasks[2], "same values: the turns share one task"
+        assert tasks[3] != tasks[2]
+
+
+async def test_equal_but_distinct_values_of_two_submitters_stay_apart() -> None:
+    with anyio.fail_after(5):
+        spans: contextvars.ContextVar[list[str]] = contextvars.ContextVar("spans")
+        lists: list[list[str]] = []
+        seen: list[list[str]] = []
+        gate = anyio.Event()
+
+        def turn(wait: anyio.Event | None) -> Turn:
+            async def run(fence: int) -> None:
+                if wait is not None:
+                    await wait.wait()
+                seen.append(spans.get())
+
+            return run
+
+        async with TurnRegistry() as turns:
+
+            async def submit_as(wait: anyio.Event | None) -> None:
+                lists.append([])
+                spans.set(lists[-1])  # equal to the other submitter's list, not the same
+                turns.submit("conv", Job(turn(wait)))
+
+            await submit_as(gate)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit_as, None)
+            gate.set()
+        assert len(seen) == 2
+        assert seen[0] is lists[0]
+        assert seen[1] is lists[1]
+
+
+SELF_WAIT = "a turn cannot wait for a later turn of its own conversation; submit() it instead"
+
+
+async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> None:
+    """It used to deadlock silently: the new turn could only start after the caller's."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        refused: list[str] = []
+        turn_over = anyio.Event()
+        async with TurnRegistry() as turns, anyio.create_task_group() as outside:
+
+            async def attempt(where: str) -> None:
+                with pytest.raises(CoordinatorError, match=f"^{re.escape(SELF_WAIT)}$") as info:
+                    await turns.run("conv", rec.turn(f"never, from {where}"))
+                assert isinstance(info.value, RuntimeError)
+                assert turns.waiting("conv") == 0, "nothing was submitted"
+                refused.append(where)
+
+            async def leftover() -> None:
+                await turn_over.wait()  # its turn has ended: waiting is no deadlock any more
+                assert await turns.run("conv", rec.turn("from a leftover task", result=1)) == 1
+
+            async def turn(fence: int) -> str:
+                await attempt("the body")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attempt, "a child task")
+                assert await turns.run("other", rec.turn("other conversation", result=2)) == 2
+                assert turns.submit("conv", Job(rec.turn("submitted"))) == 1, "still allowed"
+                outside.start_soon(leftover)
+                return "done"
+
+            assert await turns.run("conv", turn) == "done"
+            turn_over.set()
+        assert refused == ["the body", "a child task"]
+        assert rec.log == [
+            "start other conversation",
+            "end other conversation",
+            "start submitted",
+            "end submitted",
+            "start from a leftover task",
+            "end from a leftover task",
+        ]
+
+
+WAIT_BEHIND = (
+    "a turn cannot wait for a later turn of its own conversation; let it run after this one"
+)
+
+
+async def test_a_turn_waiting_for_a_job_queued_behind_it_fails_at_once() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        refused: list[str] = []
+        async with TurnRegistry() as turns:
+            later = Job(rec.turn("later"))
+            elsewhere = Job(rec.turn("elsewhere"))
+
+            async def attempt(where: str) -> None:
+                with pytest.raises(CoordinatorError, match=f"^{re.escape(WAIT_BEHIND)}$") as info:
+                    await later.wait()
+                assert isinstance(info.value, RuntimeError)
+                refused.append(where)
+
+            async def turn(fence: int) -> None:
+                assert turns.submit("conv", later) == 1
+                await attempt("the body")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attempt, "a child task")
+                assert turns.waiting("conv") == 1, "the job stays queued"
+                turns.submit("other", elsewhere)
+                await elsewhere.wait()  # another conversation: no deadlock
+
+            await turns.run("conv", turn)
+            await later.wait()
+        assert refused == ["the body", "a child task"]
+        assert later.error is None
+        assert rec.log == ["start elsewhere", "end elsewhere", "start later", "end later"]
+
+
+# -- a cancellation beside errors --------------------------------------------------------
+
+
+async def fails_while_cancelled(fence: int) -> None:
+    """A body whose cleanup fails while it is cancelled, as a task group in it may report."""
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class() as cancelled:
+        raise BaseExceptionGroup("cleanup", [cancelled, ValueError("cleanup failed")]) from None
+
+
+def logged_cleanup_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    failures = []
+    for record in caplog.records:
+        if record.exc_info is not None and isinstance(record.exc_info[1], BaseExceptionGroup):
+            failures += [str(error) for error in record.exc_info[1].exceptions]
+    return failures
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "lost lease"])
+async def test_a_stopped_turn_raising_a_cancellation_beside_errors_ends_interrupted(
+    stop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a group used to escape the turn and crash the registry's task group."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        locker = GrantingLocker() if stop == "lost lease" else None
+        async with TurnRegistry(locker=locker) as turns:
+            victim = Job(fails_while_cancelled)
+            turns.submit("conv", victim)
+            turns.submit("conv", Job(rec.turn("queued")))
+            await wait_all_tasks_blocked()
+            if locker is None:
+                assert await turns.run("conv", rec.turn("next", result=1), "interrupt") == 1
+            else:
+                locker.leases[0].lost.set()
+                assert await turns.run("conv", rec.turn("next", result=1)) == 1
+                assert locker.leases[0].released
+            expected = TurnInterrupted if locker is None else LeaseLostError
+            assert isinstance(victim.error, expected)
+            assert await turns.run("conv", rec.turn("later", result=2)) == 2, "still alive"
+        assert logged_cleanup_failures(caplog) == ["cleanup failed"]
+        ran = ["next", "later"] if locker is None else ["queued", "next", "later"]
+        assert rec.log == [f"{what} {name}" for name in ran for what in ("start", "end")]
+
+
+@pytest.mark.parametrize("how", ["an exception", "an enclosing cancel scope"])
+async def test_a_cancellation_beside_errors_while_the_registry_is_left_ends_interrupted(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(5):
+        victim = Job(fails_while_cancelled)
+        queued = Job(forever)
+        left_by: list[str] = []
+        with anyio.CancelScope() as enclosing:
+            try:
+                async with TurnRegistry() as turns:
+                    turns.submit("conv", victim)
+                    turns.submit("conv", queued)
+                    await wait_all_tasks_blocked()
+                    if how == "an exception":
+                        raise LookupError("leaving")
+                    enclosing.cancel()
+                    await anyio.sleep_forever()
+            except LookupError as error:
+                left_by.append(str(error))
+        assert left_by == (["leaving"] if how == "an exception" else [])
+        assert enclosing.cancelled_caught == (how != "an exception")
+        assert isinstance(victim.error, TurnInterrupted)
+        assert isinstance(queued.error, DrainingError)
+        assert victim.done
+        assert queued.done
+        assert logged_cleanup_failures(caplog) == ["cleanup failed"]
+
+
+async def test_a_turn_raising_a_stray_cancellation_beside_errors_fails_with_the_errors() -> None:
+    with anyio.fail_after(5):
+        one, two = ValueError("one"), KeyError("two")
+
+        async def turn(fence: int) -> None:
+            with anyio.CancelScope() as inner:
+                inner.cancel()
+                try:
+                    await anyio.lowlevel.checkpoint()
+                except anyio.get_cancelled_exc_class() as cancelled:
+                    stray = cancelled
+            # Nothing cancels the turn: the cancellation in this group is nobody's.
+            raise BaseExceptionGroup("odd", [one, stray, two])
+
+        async with TurnRegistry() as turns:
+            with pytest.raises(ExceptionGroup) as info:
+                await turns.run("conv", turn)
+            assert info.value.exceptions == (one, two)
+            assert await turns.run("conv", answer_one) == 1
+
+
+async def answer_one(fence: int) -> int:
+    return 1
 
 
 # -- capacity and bad input --------------------------------------------------------------
@@ -739,7 +1051,7 @@ async def test_interrupt_through_run_and_on_an_idle_conversation() -> None:
         assert rec.log == ["start a", "end a", "start b", "end b", "start c", "end c"]
 
 
-async def test_interrupt_before_the_runner_started_never_runs_the_turn() -> None:
+async def test_interrupt_before_the_turn_task_started_never_runs_the_turn() -> None:
     with anyio.fail_after(5):
         rec = Recorder()
         async with TurnRegistry() as turns:
@@ -1111,23 +1423,23 @@ async def test_a_hanging_release_is_abandoned_after_a_bound(
 # -- races, stress and memory ------------------------------------------------------------
 
 
-async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_runner() -> None:
+async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_turn_at_a_time() -> None:
     """The Go original could start a second runner for a conversation being forgotten."""
     with anyio.fail_after(10):
         rec = Recorder()
         async with TurnRegistry() as turns:
-            runners: dict[str, int] = {}
-            inner = turns._runner
+            taking: dict[str, int] = {}
+            inner = turns._take_turn
 
-            async def counted(conversation_id: str, job: Job) -> None:
-                runners[conversation_id] = runners.get(conversation_id, 0) + 1
-                assert runners[conversation_id] == 1, "two runners for one conversation"
+            async def counted(conversation_id: str, job: Job, waited: bool) -> None:
+                taking[conversation_id] = taking.get(conversation_id, 0) + 1
+                assert taking[conversation_id] == 1, "two turns at once in one conversation"
                 try:
-                    await inner(conversation_id, job)
+                    await inner(conversation_id, job, waited)
                 finally:
-                    runners[conversation_id] -= 1
+                    taking[conversation_id] -= 1
 
-            turns._runner = counted  # type: ignore[method-assign]
+            turns._take_turn = counted  # type: ignore[method-assign]
             positions: list[int] = []
 
             async def resubmit_when_done(i: int, job: Job) -> None:
@@ -1139,7 +1451,7 @@ async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_runner() -> N
                 for i in range(200):
                     job = Job(rec.turn(f"{i}a"))
                     # The waiter parks before the turn ends: it is woken by the end of the
-                    # conversation's last turn and submits while the runner is leaving.
+                    # conversation's last turn and submits while its task is leaving.
                     tg.start_soon(resubmit_when_done, i, job)
                     await anyio.lowlevel.checkpoint()
                     turns.submit("conv", job)

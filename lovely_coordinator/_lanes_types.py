@@ -1,0 +1,110 @@
+"""The lanes' configuration and the outcomes ``on_exit`` receives (CONTRACT §2).
+
+Plain values, apart from the runner in :mod:`._lanes`: a frozen, validated
+:class:`LanesConfig` (errors are :class:`LanesConfigInvalid`, never bare pydantic ones) and
+the three frozen outcome records, whose union is :data:`Exit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import InvalidArgumentError
+from ._lanes_state import StopReason
+
+__all__ = [
+    "ActivationFailed",
+    "ActivationInterrupted",
+    "ActivationSucceeded",
+    "Exit",
+    "LanesConfig",
+    "LanesConfigInvalid",
+]
+
+
+class LanesConfigInvalid(InvalidArgumentError):
+    """The lanes' configuration is invalid; nothing was created.
+
+    ``errors`` carries pydantic's structured details when they exist.
+    """
+
+
+class LanesConfig(BaseModel):
+    """How lanes admit work. Frozen and validated on construction.
+
+    Attributes:
+        max_concurrent: activations running at once across all keys (an int ≥ 1).
+        max_queued: lanes that may wait for a slot (an int ≥ 0), or None for no bound;
+            without a bound the queue still holds at most one entry per key.
+        turn_timeout: seconds an activation may run before it is interrupted (finite,
+            > 0), counted from the activation's own start, or None for no limit.
+
+    Raises:
+        LanesConfigInvalid: any field is invalid (never a bare pydantic error).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrent: Annotated[int, Field(strict=True, ge=1)]
+    max_queued: Annotated[int, Field(strict=True, ge=0)] | None = None
+    turn_timeout: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)] | None = None
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _config_error(exc) from exc
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> LanesConfig:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc) from exc
+
+
+def _config_error(exc: ValidationError) -> LanesConfigInvalid:
+    details = exc.errors(include_url=False)
+    reasons = "; ".join(f"{'.'.join(map(str, d['loc'])) or '?'}: {d['msg']}" for d in details)
+    return LanesConfigInvalid(f"Invalid lanes config: {reasons}", errors=details)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationSucceeded:
+    """The activation's body returned (and its finalizers did not raise)."""
+
+    key: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationFailed:
+    """The body raised ``cause`` by itself, or a finalizer raised ``cause``.
+
+    A finalizer's error replaces the body's outcome, whatever that was.
+    """
+
+    key: str
+    cause: BaseException
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ActivationInterrupted:
+    """The lanes stopped the body while it ran, or before ``activate`` was called.
+
+    A stop that lands while the body runs decides the outcome, however the body then
+    ends (a plain ``try/finally`` in the body is part of the body). ``reason`` is the
+    first stop: ``"cancel"``, ``"close"`` or ``"timeout"``.
+    """
+
+    key: str
+    reason: StopReason
+
+
+Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted
+"""How an activation ended, as ``on_exit`` receives it (annotate ``on_exit`` with it)."""
