@@ -1,22 +1,130 @@
-"""Validated configuration for a coordinator (pydantic is used here, never on the hot path)."""
+"""Validated configuration (pydantic is used here, never on the hot path).
+
+:class:`ValidatedConfig` is the one base of every configuration model of the library. It
+turns pydantic's ``ValidationError`` into the library's own error (carrying pydantic's
+details) on *every* entry point that validates: the constructor, ``model_validate``,
+``model_validate_json``, ``model_validate_strings`` and ``model_copy(update=...)``, which
+pydantic itself does not validate at all. (``model_construct`` skips validation by
+design; whoever consumes a config re-checks its values, see ``AgentCoordinator``.)
+
+Field types follow the library's one rule for numbers (``_validate.py``): integers are
+any ``int`` but ``bool`` or anything ``operator.index`` accepts (``numpy.int64``), seconds
+any real number; both are stored as plain ``int`` / ``float``.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import numbers
+import operator
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ._errors import InvalidArgumentError
 from ._types import ModelTuple, as_model_tuple
 
-__all__ = ["CoordinatorConfig", "ReacquireOrder"]
+__all__ = [
+    "CoordinatorConfig",
+    "NonNegativeIndex",
+    "PositiveIndex",
+    "PositiveSeconds",
+    "ReacquireOrder",
+    "ValidatedConfig",
+]
 
 ReacquireOrder = Literal["fresh", "original"]
 
-_PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+
+def _plain_index(value: object) -> object:
+    # numpy.int64 and friends are integers by operator.index but not int subclasses, so
+    # pydantic's strict int would refuse them; hand it a plain int instead. Everything
+    # else (bool, str, float, ...) goes on to pydantic's own strict check and message.
+    if type(value) is int or isinstance(value, (bool, str, bytes, float)):
+        return value
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return value
 
 
-class CoordinatorConfig(BaseModel):
+def _plain_seconds(value: object) -> object:
+    # Any real number is a number of seconds (Fraction, numpy floats); bool is not.
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return value
+
+
+PositiveIndex = Annotated[int, BeforeValidator(_plain_index), Field(strict=True, ge=1)]
+NonNegativeIndex = Annotated[int, BeforeValidator(_plain_index), Field(strict=True, ge=0)]
+PositiveSeconds = Annotated[
+    float, BeforeValidator(_plain_seconds), Field(strict=True, gt=0, allow_inf_nan=False)
+]
+
+
+class ValidatedConfig(BaseModel):
+    """A frozen pydantic model whose every validation error is the library's own.
+
+    Subclasses name their error class and the label its message starts with.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    _error_class: ClassVar[type[InvalidArgumentError]] = InvalidArgumentError
+    _label: ClassVar[str] = "config"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise self._invalid(exc) from exc
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise cls._invalid(exc) from exc
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise cls._invalid(exc) from exc
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_strings(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise cls._invalid(exc) from exc
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> Self:
+        """A copy; with ``update``, the updated values are validated like a new config."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return self.model_validate({**dict(self), **dict(update)})
+
+    @classmethod
+    def _invalid(cls, exc: ValidationError) -> InvalidArgumentError:
+        details = exc.errors(include_url=False)
+        # model_validate*() run __init__ (pydantic calls a custom __init__), which already
+        # turned pydantic's error into ours; pydantic then wraps that one as a
+        # "value_error". Unwrap it rather than nest it.
+        if len(details) == 1 and not details[0]["loc"]:
+            nested = details[0].get("ctx", {}).get("error")
+            if isinstance(nested, InvalidArgumentError):
+                return cls._error_class(str(nested), errors=nested.errors)
+        parts = "; ".join(
+            f"{'.'.join(str(p) for p in d['loc']) or 'config'}: {d['msg']}" for d in details
+        )
+        return cls._error_class(f"Invalid {cls._label}: {parts}", errors=details)
+
+
+class CoordinatorConfig(ValidatedConfig):
     """How a coordinator schedules. Frozen and validated on construction.
 
     Attributes:
@@ -25,36 +133,27 @@ class CoordinatorConfig(BaseModel):
         reacquire: which acceptance order a lending permit takes its slot back with:
             ``"fresh"`` (a new order, behind all work accepted meanwhile — the upstream
             rule) or ``"original"`` (its own order, ahead of later work).
+        max_queued: how many waiters may queue at once (an int ≥ 0), or None for no
+            bound. A request that would have to wait while that many already wait is
+            refused with :class:`CoordinatorBusyError`; reacquires of lent permits are
+            never refused.
 
     Raises:
         InvalidArgumentError: any field is invalid; ``errors`` carries pydantic's details.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=False)
+    _label: ClassVar[str] = "coordinator config"
 
-    max_concurrency: _PositiveInt = 4
-    tuple_limits: dict[ModelTuple, _PositiveInt] = Field(default_factory=dict)
+    max_concurrency: PositiveIndex = 4
+    tuple_limits: dict[ModelTuple, PositiveIndex] = Field(default_factory=dict)
     reacquire: ReacquireOrder = "fresh"
+    max_queued: NonNegativeIndex | None = None
 
     def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> CoordinatorConfig:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
-
-    @classmethod
-    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> CoordinatorConfig:
-        try:
-            return super().model_validate_json(json_data, *args, **kwargs)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
+        # Declared here (not only on the base) so type checkers take ``**data`` as the
+        # signature rather than one synthesized from the fields: plain pairs are valid
+        # tuple_limits keys, and wrong values are ours to refuse at run time.
+        super().__init__(**data)
 
     @field_validator("tuple_limits", mode="before")
     @classmethod
@@ -64,17 +163,3 @@ class CoordinatorConfig(BaseModel):
         if isinstance(value, dict):
             return {as_model_tuple(k): v for k, v in value.items()}
         return value
-
-
-def _invalid(exc: ValidationError) -> InvalidArgumentError:
-    details = exc.errors(include_url=False)
-    # model_validate*() run __init__, which already turned pydantic's error into ours;
-    # pydantic then wraps that one as a "value_error". Unwrap it rather than nest it.
-    if len(details) == 1 and not details[0]["loc"]:
-        nested = details[0].get("ctx", {}).get("error")
-        if isinstance(nested, InvalidArgumentError):
-            return InvalidArgumentError(str(nested), errors=nested.errors)
-    parts = "; ".join(
-        f"{'.'.join(str(p) for p in d['loc']) or 'config'}: {d['msg']}" for d in details
-    )
-    return InvalidArgumentError(f"Invalid coordinator config: {parts}", errors=details)

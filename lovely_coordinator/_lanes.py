@@ -36,6 +36,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
+from ._errors import LanesConfigInvalid
 from ._lanes_state import (
     ActivationRecord,
     LanesState,
@@ -49,7 +50,6 @@ from ._lanes_types import (
     ActivationSucceeded,
     Exit,
     LanesConfig,
-    LanesConfigInvalid,
 )
 
 __all__ = [

@@ -23,13 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, final
 
-from ._errors import CoordinatorError, InvalidArgumentTypeError
+from ._errors import InvalidArgumentTypeError, LaneQueueFull, LanesClosed
 
 __all__ = [
     "ActivationRecord",
-    "LaneQueueFull",
     "LaneSnapshot",
-    "LanesClosed",
     "LanesState",
     "LanesStatus",
     "StopReason",
@@ -38,38 +36,6 @@ __all__ = [
 
 WakeResult = Literal["started", "queued", "coalesced"]
 StopReason = Literal["cancel", "close", "timeout"]
-
-
-class LaneQueueFull(CoordinatorError):
-    """``wake`` found an idle lane and ``max_queued`` lanes already waiting. Nothing changed.
-
-    Attributes:
-        key: the lane that could not be queued.
-        max_queued: the configured bound on waiting lanes.
-    """
-
-    def __init__(self, key: str, max_queued: int) -> None:
-        super().__init__(f"Lane queue is full ({max_queued} waiting); cannot queue lane {key!r}")
-        self.key = key
-        self.max_queued = max_queued
-
-    def __reduce__(self) -> tuple[type[LaneQueueFull], tuple[str, int]]:
-        return type(self), (self.key, self.max_queued)
-
-
-class LanesClosed(CoordinatorError):
-    """``wake`` was called after the lanes were closed. Nothing changed.
-
-    Attributes:
-        key: the lane that was woken.
-    """
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"Lanes are closed; cannot wake lane {key!r}")
-        self.key = key
-
-    def __reduce__(self) -> tuple[type[LanesClosed], tuple[str]]:
-        return type(self), (self.key,)
 
 
 @final

@@ -8,11 +8,10 @@ the three frozen outcome records, whose union is :data:`Exit`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, final
+from typing import Any, ClassVar, final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from ._errors import InvalidArgumentError
+from ._config import NonNegativeIndex, PositiveIndex, PositiveSeconds, ValidatedConfig
+from ._errors import InvalidArgumentError, LanesConfigInvalid
 from ._lanes_state import StopReason
 
 __all__ = [
@@ -21,18 +20,10 @@ __all__ = [
     "ActivationSucceeded",
     "Exit",
     "LanesConfig",
-    "LanesConfigInvalid",
 ]
 
 
-class LanesConfigInvalid(InvalidArgumentError):
-    """The lanes' configuration is invalid; nothing was created.
-
-    ``errors`` carries pydantic's structured details when they exist.
-    """
-
-
-class LanesConfig(BaseModel):
+class LanesConfig(ValidatedConfig):
     """How lanes admit work. Frozen and validated on construction.
 
     Attributes:
@@ -43,33 +34,22 @@ class LanesConfig(BaseModel):
             > 0), counted from the activation's own start, or None for no limit.
 
     Raises:
-        LanesConfigInvalid: any field is invalid (never a bare pydantic error).
+        LanesConfigInvalid: any field is invalid, whichever pydantic entry point
+            validated it (never a bare pydantic error).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    _error_class: ClassVar[type[InvalidArgumentError]] = LanesConfigInvalid
+    _label: ClassVar[str] = "lanes config"
 
-    max_concurrent: Annotated[int, Field(strict=True, ge=1)]
-    max_queued: Annotated[int, Field(strict=True, ge=0)] | None = None
-    turn_timeout: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)] | None = None
+    max_concurrent: PositiveIndex
+    max_queued: NonNegativeIndex | None = None
+    turn_timeout: PositiveSeconds | None = None
 
     def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> LanesConfig:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
-
-
-def _config_error(exc: ValidationError) -> LanesConfigInvalid:
-    details = exc.errors(include_url=False)
-    reasons = "; ".join(f"{'.'.join(map(str, d['loc'])) or '?'}: {d['msg']}" for d in details)
-    return LanesConfigInvalid(f"Invalid lanes config: {reasons}", errors=details)
+        # Declared here (not only on the base) so type checkers take ``**data`` as the
+        # signature rather than one synthesized from the fields: wrong values are ours
+        # to refuse at run time.
+        super().__init__(**data)
 
 
 @final

@@ -28,10 +28,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ._errors import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
-from ._turns_errors import (
+from ._errors import (
     CoordinationUnavailableError,
+    CoordinatorError,
     DrainingError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LeaseLostError,
     TurnDropped,
     TurnInterrupted,

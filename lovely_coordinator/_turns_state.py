@@ -23,8 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, final, get_args
 
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError
-from ._turns_errors import ConversationBusyError, DrainingError, QueueFullError
+from ._errors import (
+    ConversationBusyError,
+    DrainingError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    QueueFullError,
+)
 
 __all__ = [
     "Admission",

@@ -19,12 +19,13 @@ Exceptions::
     └── LanesClosed                   wake() after close()
 """
 
+from ._errors import LaneQueueFull as LaneQueueFull
+from ._errors import LanesClosed as LanesClosed
+from ._errors import LanesConfigInvalid as LanesConfigInvalid
 from ._lanes import Activation as Activation
 from ._lanes import Lanes as Lanes
 from ._lanes import create_lanes as create_lanes
 from ._lanes import current_activation as current_activation
-from ._lanes_state import LaneQueueFull as LaneQueueFull
-from ._lanes_state import LanesClosed as LanesClosed
 from ._lanes_state import LaneSnapshot as LaneSnapshot
 from ._lanes_state import LanesStatus as LanesStatus
 from ._lanes_types import ActivationFailed as ActivationFailed
@@ -32,7 +33,6 @@ from ._lanes_types import ActivationInterrupted as ActivationInterrupted
 from ._lanes_types import ActivationSucceeded as ActivationSucceeded
 from ._lanes_types import Exit as Exit
 from ._lanes_types import LanesConfig as LanesConfig
-from ._lanes_types import LanesConfigInvalid as LanesConfigInvalid
 
 __all__ = [
     "Activation",

@@ -11,8 +11,8 @@ Needs the ``redis`` extra (redis-py's asyncio client, with hiredis)::
 * :class:`RedisPermitPool`: a cluster-wide FIFO cap.
 """
 
+from ._errors import StaleFenceError as StaleFenceError
 from ._redis.fenced_log import FencedLog as FencedLog
-from ._redis.fenced_log import StaleFenceError as StaleFenceError
 from ._redis.gates import RedisGates as RedisGates
 from ._redis.locker import RedisLease as RedisLease
 from ._redis.locker import RedisLocker as RedisLocker

@@ -16,19 +16,19 @@ code that passes a mode along. A custom :class:`Locker` returns :class:`Lease` o
 whose ``lost`` has the :class:`LeaseSignal` shape (an :class:`anyio.Event` has it).
 """
 
+from ._errors import ConversationBusyError as ConversationBusyError
+from ._errors import CoordinationUnavailableError as CoordinationUnavailableError
+from ._errors import DrainingError as DrainingError
+from ._errors import LeaseLostError as LeaseLostError
+from ._errors import QueueFullError as QueueFullError
+from ._errors import TurnDropped as TurnDropped
+from ._errors import TurnInterrupted as TurnInterrupted
 from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
 from ._turns import Job as Job
 from ._turns import Lease as Lease
 from ._turns import LeaseSignal as LeaseSignal
 from ._turns import Locker as Locker
 from ._turns import TurnRegistry as TurnRegistry
-from ._turns_errors import ConversationBusyError as ConversationBusyError
-from ._turns_errors import CoordinationUnavailableError as CoordinationUnavailableError
-from ._turns_errors import DrainingError as DrainingError
-from ._turns_errors import LeaseLostError as LeaseLostError
-from ._turns_errors import QueueFullError as QueueFullError
-from ._turns_errors import TurnDropped as TurnDropped
-from ._turns_errors import TurnInterrupted as TurnInterrupted
 from ._turns_state import Multitask as Multitask
 
 __all__ = [

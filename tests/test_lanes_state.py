@@ -19,12 +19,11 @@ from hypothesis.stateful import (
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
 from lovely_coordinator._lanes_state import (
     ActivationRecord,
-    LaneQueueFull,
-    LanesClosed,
     LaneSnapshot,
     LanesState,
     LanesStatus,
 )
+from lovely_coordinator.lanes import LaneQueueFull, LanesClosed
 
 
 def make(max_concurrent: int, max_queued: int | None = None) -> LanesState[ActivationRecord]:

@@ -17,7 +17,11 @@ def test_all_is_sorted_and_complete() -> None:
         "StaleFenceError",
     }
     for name in public.__all__:
-        assert getattr(public, name).__module__.startswith("lovely_coordinator._redis.")
+        # Every public exception lives in the one error module.
+        module = (
+            "lovely_coordinator._errors" if name.endswith("Error") else "lovely_coordinator._redis."
+        )
+        assert getattr(public, name).__module__.startswith(module)
 
 
 def test_stale_fence_error_is_a_coordinator_error() -> None:

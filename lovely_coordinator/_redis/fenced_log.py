@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Final, final
 
-from .._errors import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
+from .._errors import InvalidArgumentError, InvalidArgumentTypeError, StaleFenceError
 from . import scripts
 from .subscriber import text
 from .validation import check_key
@@ -22,23 +22,6 @@ __all__ = ["FencedLog", "StaleFenceError"]
 
 # How long the server remembers an append's answer: longer than any client retry takes.
 _RECEIPT_MS: Final = 60_000
-
-
-class StaleFenceError(CoordinatorError):
-    """A write carried a fence lower than one the store already accepted.
-
-    Its holder lost the lease and somebody newer has written since; the write was not
-    applied.
-
-    Attributes:
-        fence: the refused fence.
-        high_water: the highest fence accepted so far.
-    """
-
-    def __init__(self, fence: int, high_water: int) -> None:
-        super().__init__(f"fence {fence} is stale: the store already accepted fence {high_water}")
-        self.fence = fence
-        self.high_water = high_water
 
 
 @final
