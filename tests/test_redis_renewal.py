@@ -6,6 +6,8 @@ which is all the watchdog can observe of Redis.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import anyio
@@ -164,3 +166,26 @@ async def test_best_effort_is_shielded_bounded_and_never_raises(
         assert "hanging got no answer" in caplog.text
         assert "failing failed" in caplog.text
         assert "misbehaving failed" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_cancellation_swallowed_by_the_client_still_stops_the_watchdog() -> None:
+    # What asyncio.run() does at shutdown: cancel the task once. redis-py on Python 3.11
+    # may swallow that cancellation (asyncio.wait_for) and return normally; the watchdog
+    # must end anyway, or the loop never closes.
+    inside = asyncio.Event()
+
+    async def renew() -> bool:
+        inside.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+        return True
+
+    renewer = Renewer(0.3, anyio.current_time(), renew, "test grant")
+    await inside.wait()
+    task = renewer._task
+    assert task is not None
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done, "the watchdog outlived its cancellation"
+    assert task.cancelled()

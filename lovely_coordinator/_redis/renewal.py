@@ -6,7 +6,10 @@ grant or renewal request was *sent*. The server set the expiry no earlier than t
 before it (minus a drift allowance of 1 % of the TTL plus 2 ms, the usual Redlock figure).
 The watchdog runs on the event loop on purpose: a stalled loop stalls renewals, the grant
 lapses, and the stalled holder finds itself lost when it wakes (a thread would keep
-renewing for a holder that makes no progress).
+renewing for a holder that makes no progress). For the same reason the watchdog ends with
+its event loop: ``asyncio.run()`` cancels it at shutdown like any task, and a cancellation
+that redis-py swallows is delivered again (see cancellation.py), so a grant still held
+then never keeps the loop alive.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import final
 
 import anyio
 from redis.exceptions import RedisError
+
+from . import cancellation
 
 __all__ = ["Renewer", "best_effort", "local_deadline"]
 
@@ -95,7 +100,7 @@ class Renewer:
                 break
             with anyio.move_on_at(self._deadline):
                 try:
-                    held = await self._renew()
+                    held = await cancellation.call(self._renew())
                 except Exception as exc:
                     # Anything, not only a connection error: a watchdog that died here
                     # would leave the grant looking held long after the server dropped it.
