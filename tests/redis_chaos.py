@@ -4,8 +4,8 @@ A run starts two throwaway servers: the *lock* server, which holds leases, permi
 gates and is killed and restarted without persistence, and the *store*, which holds the
 fenced counter log and stays up (the store that receives the writes). It starts replica
 processes (``redis_chaos_replica.py``), each talking to the lock server through its own
-:class:`~tests.redis_faults.FaultProxy`, asks one of them to close a gate for longer than
-the run, and injects faults one after another, at seeded random times:
+fault proxy (``lovely_coordinator._redis.faults``), asks one of them to close a gate for
+longer than the run, and injects faults one after another, at seeded random times:
 
 =================  =========================================================================
 ``stall``          SIGSTOP a replica right after a turn of it has *read* (its model call is
@@ -51,16 +51,26 @@ import anyio
 import redis.asyncio
 
 from lovely_coordinator._redis.child import Child
+from lovely_coordinator._redis.faults import FaultProxy
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog
 
-from .redis_faults import FaultProxy
-
-__all__ = ["FAULTS", "ChaosConfig", "ChaosReport", "Findings", "check", "run_chaos"]
+__all__ = [
+    "FAULTS",
+    "ChaosConfig",
+    "ChaosReport",
+    "Findings",
+    "GateView",
+    "Observations",
+    "check",
+    "format_table",
+    "run_chaos",
+]
 
 REPLICA = str(Path(__file__).with_name("redis_chaos_replica.py"))
 FAULTS = ("stall", "stop", "kill", "restart", "delay", "cut", "drop", "partition")
 RESTORE_BOUND = 5.0  # seconds within which a restart's closures are known again (§4, §6)
+PROPAGATION = 1.0  # seconds within which a replica up at the closure learns of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +86,27 @@ class ChaosConfig:
 
 
 @dataclasses.dataclass
+class GateView:
+    """What one replica process saw of the gate: each change of its state, with the time."""
+
+    started: float
+    changes: list[tuple[float, bool]] = dataclasses.field(default_factory=list)
+    ended: float | None = None  # when the process was gone (None: alive at the end)
+
+    def intervals(self, until: float) -> list[tuple[float, float, bool]]:
+        """``(from, to, open)``: the state between changes, the last one until the end."""
+        ends = [time for time, _ in self.changes[1:]]
+        ends.append(self.ended if self.ended is not None else until)
+        return [(a, b, is_open) for (a, is_open), b in zip(self.changes, ends, strict=True)]
+
+
+@dataclasses.dataclass
 class Observations:
     """Everything the replicas reported, merged."""
 
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     holds: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
-    # per replica process: (start time, [(time, open)])
-    gates: list[tuple[float, list[tuple[float, bool]]]] = dataclasses.field(default_factory=list)
+    gates: list[GateView] = dataclasses.field(default_factory=list)  # one per replica process
     closed: tuple[float, float] | None = None  # (time, seconds)
     restarts: list[float] = dataclasses.field(default_factory=list)
     faults: Counter[str] = dataclasses.field(default_factory=Counter)
@@ -109,6 +133,7 @@ class ChaosReport:
     holds: int
     faults: Counter[str]
     seconds: float
+    gate_samples: int = 0  # changes of the gate's state seen, after the closure
 
     @property
     def clean(self) -> bool:
@@ -148,19 +173,35 @@ def check(
     shortened = unrestored = 0
     if seen.closed is not None:
         closed_at, seconds = seen.closed
-        reopens = closed_at + seconds
-        for started, samples in seen.gates:
-            for time, is_open in samples:
-                if not is_open or time < closed_at + 1.0 or time >= min(reopens, until) - 0.05:
+        window_end = min(closed_at + seconds, until) - 0.05
+        for view in seen.gates:
+            knew = False  # it has seen the closure
+            for start, end, is_open in view.intervals(until):
+                if start >= window_end or end <= closed_at:
                     continue
-                restart = max((r for r in seen.restarts if r <= time), default=None)
-                if started > closed_at and restart is not None and started > restart:
-                    # Started after a restart: it learns the closure when the others have
-                    # put it back, within the bound.
-                    unrestored += time > restart + RESTORE_BOUND
-                else:
-                    shortened += 1
+                if not is_open:
+                    knew = knew or end > closed_at
+                    continue
+                if knew:
+                    shortened += 1  # it knew of the closure, and reopened early
+                elif end > _learn_by(view.started, closed_at, seen.restarts, end):
+                    unrestored += 1  # it should have learned of the closure by then
     return Findings(len(values), lost, superseded, peak, over, shortened, unrestored)
+
+
+def _learn_by(started: float, closed_at: float, restarts: Sequence[float], time: float) -> float:
+    """By when a replica started at ``started`` must know of a closure made at ``closed_at``.
+
+    One that was up learns it from the message (or its next resync); one started later
+    reads it when it starts, unless a restart had emptied the server since, and the
+    replicas that knew had not yet put it back: they must have, within the bound.
+    """
+    if started <= closed_at:
+        return closed_at + PROPAGATION
+    restart = max((r for r in restarts if closed_at < r <= max(started, time)), default=None)
+    if restart is None:
+        return started + PROPAGATION
+    return max(started, restart + RESTORE_BOUND)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -170,9 +211,9 @@ class _Replica:
     def __init__(self, child: Child, started: float, run: _Run) -> None:
         self.child = child
         self.run = run
-        self.samples: list[tuple[float, bool]] = []
+        self.view = GateView(started)
         self.reads = 0  # turns of this replica that have read so far
-        run.seen.gates.append((started, self.samples))
+        run.seen.gates.append(self.view)
 
     async def pump(self, seen: Observations) -> None:
         with contextlib.suppress(EOFError, ValueError):
@@ -188,11 +229,11 @@ class _Replica:
                     seen.holds.append((start, end, fence))
                 elif "gate" in report:
                     time, is_open = report["gate"]
-                    self.samples.append((time, is_open))
+                    self.view.changes.append((time, is_open))
                 elif "closed" in report:
                     time, seconds = report["closed"]
                     seen.closed = (time, seconds)
-        self.alive = False
+        self.view.ended = anyio.current_time()
 
 
 class _Run:
@@ -327,6 +368,8 @@ async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None)
             entries = await FencedLog(client, "counter").entries()
     findings = check(entries, run.seen, config.limit, until)
     outcomes = Counter(turn["outcome"] for turn in run.seen.turns)
+    closed_at = run.seen.closed[0] if run.seen.closed is not None else float("inf")
+    samples = sum(1 for view in run.seen.gates for time, _ in view.changes if time >= closed_at)
     return ChaosReport(
         config,
         findings,
@@ -334,6 +377,7 @@ async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None)
         len(run.seen.holds),
         run.seen.faults,
         anyio.current_time() - began,
+        samples,
     )
 
 

@@ -9,7 +9,7 @@ It does, at the same time, what a server replica of an agent runtime does:
   ``--unfenced``), "waits on the model" for a while, and appends the number of entries it
   read plus one, under its fence: a read-modify-write counter;
 * **permits** of the pool ``pool`` (limit LIMIT), taken by two tasks in turn and held
-  briefly;
+  briefly, or now and then for longer than a renewal;
 * **gates**: a ``RedisGates`` keeps its coordinator in step; it samples whether the tuple
   ``chaos/gpt`` is open.
 
@@ -27,8 +27,8 @@ clock, comparable across the processes of one machine:
 * ``{"gate": [time, open]}`` whenever the sampled state of the tuple changes;
 * ``{"closed": [time, seconds]}`` after it closed the tuple on request.
 
-Commands on stdin, one per line: ``close SECONDS`` (close the tuple through the gates) and
-``stop``.
+Commands on stdin, one JSON string per line (as ``Child.send`` writes them):
+``"close SECONDS"`` (close the tuple through the gates) and ``"stop"``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,9 @@ async def permits(args: argparse.Namespace, lock: redis.asyncio.Redis) -> None:
                 await anyio.sleep(0.05)
                 continue
             start = anyio.current_time()
-            await anyio.sleep(rng.uniform(0.02, 0.08))
+            # Mostly a short call; now and then a long one, across several renewals.
+            long = rng.random() < 0.3
+            await anyio.sleep(rng.uniform(0.3, 1.2) if long else rng.uniform(0.02, 0.08))
             end = anyio.current_time()
             deadline: float = permit._renewer._deadline
             await permit.release()
@@ -150,11 +152,12 @@ async def sample(coordinator: Any) -> None:
 async def commands(shared: RedisGates) -> None:
     loop = asyncio.get_running_loop()
     while True:
-        line = (await loop.run_in_executor(None, sys.stdin.readline)).split()
-        if not line or line[0] == "stop":
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        command = json.loads(line).split() if line else ["stop"]
+        if command[0] == "stop":
             return
-        if line[0] == "close":
-            seconds = float(line[1])
+        if command[0] == "close":
+            seconds = float(command[1])
             at = anyio.current_time()
             await shared.close_tuple(GATED, reopen_after=seconds)
             report(closed=[at, seconds])

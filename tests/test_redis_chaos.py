@@ -13,7 +13,15 @@ from collections import Counter
 
 import pytest
 
-from .redis_chaos import FAULTS, ChaosConfig, Observations, check, format_table, run_chaos
+from .redis_chaos import (
+    FAULTS,
+    ChaosConfig,
+    GateView,
+    Observations,
+    check,
+    format_table,
+    run_chaos,
+)
 
 
 def test_the_oracle_sees_a_lost_update() -> None:
@@ -43,16 +51,32 @@ def test_the_oracle_counts_holders_only_while_they_could_be_shown_held() -> None
 
 
 def test_the_oracle_sees_a_shortened_closure() -> None:
-    seen = Observations(closed=(10.0, 100.0), restarts=[20.0])
-    # A replica that knew the closure saw the gate open at 25 (after the restart at 20).
-    seen.gates.append((0.0, [(9.0, True), (10.2, False), (25.0, True)]))
+    seen = Observations(closed=(10.0, 100.0), restarts=[10.5])
+    # A replica that knew the closure saw the gate open at 10.6, after a restart.
+    seen.gates.append(GateView(0.0, [(1.0, True), (10.2, False), (10.6, True)]))
     assert check([], seen, limit=1, until=60).shortened_closures == 1
-    # One started after the restart may see it open, but only until the restore bound.
-    seen = Observations(closed=(10.0, 100.0), restarts=[20.0])
-    seen.gates.append((21.0, [(21.5, True), (23.0, False)]))
+    seen = Observations(closed=(10.0, 100.0))
+    seen.gates.append(GateView(0.0, [(1.0, True), (10.2, False)]))  # kept, until the end
+    assert check([], seen, limit=1, until=60).shortened_closures == 0
+
+
+def test_the_oracle_sees_a_closure_not_learned_in_time() -> None:
+    # Up at the closure: must learn it within the propagation bound.
+    seen = Observations(closed=(10.0, 100.0))
+    seen.gates.append(GateView(0.0, [(1.0, True), (10.5, False)]))
     assert check([], seen, limit=1, until=60).unrestored_closures == 0
-    seen.gates.append((21.0, [(21.5, True), (26.0, True)]))
+    seen.gates.append(GateView(0.0, [(1.0, True)]))  # never learned it
     assert check([], seen, limit=1, until=60).unrestored_closures == 1
+    # Started after a restart emptied the server: the others must restore it in time.
+    seen = Observations(closed=(10.0, 100.0), restarts=[20.0])
+    seen.gates.append(GateView(21.0, [(21.5, True), (23.0, False)]))
+    assert check([], seen, limit=1, until=60).unrestored_closures == 0
+    seen.gates.append(GateView(21.0, [(21.5, True), (26.0, False)]))
+    assert check([], seen, limit=1, until=60).unrestored_closures == 1
+    # A process that was killed while it did not know yet is judged until it died.
+    seen = Observations(closed=(10.0, 100.0))
+    seen.gates.append(GateView(0.0, [(1.0, True)], ended=10.5))
+    assert check([], seen, limit=1, until=60).unrestored_closures == 0
 
 
 def test_the_table_has_a_row_per_run() -> None:
@@ -76,6 +100,7 @@ async def test_a_chaos_run_keeps_every_promise() -> None:
     assert report.holds >= 50
     assert report.findings.max_pool_holders == 2  # the cap was reached, never passed
     assert report.findings.entries >= report.outcomes["ok"]
+    assert report.gate_samples >= 3  # the replicas saw the gate close
 
 
 @pytest.mark.asyncio

@@ -11,9 +11,8 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
-
-from .redis_faults import proxy_to
 
 NO_RETRY: dict[str, Any] = {"retry": Retry(NoBackoff(), 0), "socket_timeout": 0.3}
 

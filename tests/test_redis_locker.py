@@ -19,6 +19,7 @@ from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._errors import UsageError
 from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.child import Child, running
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import (
     FencedLog,
@@ -29,7 +30,6 @@ from lovely_coordinator.redis import (
 )
 from lovely_coordinator.turns import Job, LeaseLostError, TurnRegistry
 
-from .redis_faults import proxy_to
 from .redis_helpers import RECONNECTING, lock_keys, own_server
 
 __all__ = ["own_server"]  # a fixture

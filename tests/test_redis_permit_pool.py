@@ -14,10 +14,10 @@ import pytest
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._redis.child import running
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisPermit, RedisPermitPool
 
-from .redis_faults import proxy_to
 from .redis_helpers import RECONNECTING, own_server, pool_key
 
 __all__ = ["own_server"]  # a fixture

@@ -31,11 +31,11 @@ from redis.exceptions import ResponseError
 
 from .._errors import UnsupportedServerError
 from .keys import FRESH_BOOT_KEY
+from .log import log
 from .subscriber import text
 
 __all__ = ["declared_fresh", "ensure_supported", "fresh_run_id", "too_old", "tell_quiet"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 OLDEST_REDIS: Final = (7, 0)
 OLDEST_VALKEY: Final = (7, 2)  # the first Valkey release
@@ -134,7 +134,7 @@ def tell_quiet(client: redis.asyncio.Redis, run_id: str, what: str, remaining_ms
     state = _state(client)
     first = state.quiet_told_for != run_id
     state.quiet_told_for = run_id
-    _log.log(
+    log.log(
         logging.WARNING if first else logging.DEBUG,
         "the Redis server started less than a ttl ago and holds no state for %s: it may "
         "have restarted without persistence while grants were still held, so nothing is "

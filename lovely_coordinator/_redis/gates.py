@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 from types import TracebackType
 from typing import Any, Final, cast, final
@@ -40,12 +39,12 @@ from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_seconds
 from . import boot, cancellation, gate_scripts
 from .keys import object_base
+from .log import describe, log
 from .subscriber import Subscriber, text
 from .validation import MAX_SECONDS, check_client, check_prefix, check_seconds, require_asyncio
 
 __all__ = ["RedisGates"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 OP_TIMEOUT: Final = 2.0  # seconds a gate call may wait for Redis before gating alone
 RETRY_INTERVAL: Final = 1.0  # seconds between resync attempts while Redis is unreachable
@@ -191,7 +190,9 @@ class RedisGates:
                     [self._key], [_member(model_tuple), _ms(seconds), self._channel]
                 )
         except (RedisError, OSError, TimeoutError) as exc:
-            _log.warning("closing %s: Redis unreachable (%r); gating locally", model_tuple, exc)
+            log.warning(
+                "closing %s: Redis unreachable (%s); gating locally", model_tuple, describe(exc)
+            )
             self._unsynced[model_tuple] = max(self._unsynced.get(model_tuple, 0.0), local_until)
             return
         self._apply_close(model_tuple, int(remaining_ms) / 1000)
@@ -212,7 +213,9 @@ class RedisGates:
             with anyio.fail_after(OP_TIMEOUT):
                 await self._open_script([self._key], [_member(model_tuple), self._channel])
         except (RedisError, OSError, TimeoutError) as exc:
-            _log.warning("opening %s: Redis unreachable (%r); opened locally", model_tuple, exc)
+            log.warning(
+                "opening %s: Redis unreachable (%s); opened locally", model_tuple, describe(exc)
+            )
 
     def _apply_close(self, t: ModelTuple, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -254,10 +257,10 @@ class RedisGates:
                 with anyio.fail_after(OP_TIMEOUT):
                     await cancellation.call(self._resync())
             except (RedisError, OSError, TimeoutError) as exc:
-                _log.debug("gate resync failed: %r", exc)
+                log.debug("gate resync failed: %s", describe(exc))
                 interval = min(RETRY_INTERVAL, self._resync_interval)
             except Exception:  # a background loop must never die quietly
-                _log.exception("gate resync failed")
+                log.exception("gate resync failed")
                 interval = self._resync_interval
             else:
                 interval = self._resync_interval
@@ -275,7 +278,7 @@ class RedisGates:
             try:
                 closed[_tuple(text(flat[i]))] = int(text(flat[i + 1])) / 1000
             except InvalidArgumentError:
-                _log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
+                log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
         return text(flat[0]), closed
 
     async def _resync(self) -> None:
@@ -288,7 +291,7 @@ class RedisGates:
             # persistence): put back what this replica knows, never shorter than it was.
             now = anyio.current_time()
             known = {t: until for t, until in self._applied.items() if until > now}
-            _log.warning(
+            log.warning(
                 "the gates in Redis were lost (a server restart?); restoring the %d "
                 "closure(s) this replica knows",
                 len(known),
@@ -308,4 +311,4 @@ class RedisGates:
                 self._coordinator.open_tuple(t)
             del self._applied[t]
         self.resyncs += 1
-        _log.debug("gates resynced: %d closure(s) in Redis", len(closed))
+        log.debug("gates resynced: %d closure(s) in Redis", len(closed))

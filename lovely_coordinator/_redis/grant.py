@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -30,12 +29,12 @@ from typing import Any, Final, Self
 import anyio
 
 from . import cancellation, scripts
+from .log import log
 from .renewal import Renewer, best_effort, local_deadline
 from .subscriber import Watch, text
 
 __all__ = ["FENCE_TTL_MS", "MAX_RECHECK", "Grant", "wait_for_grant"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 FENCE_TTL_MS: Final = 86_400_000  # a day; tokens stay monotonic after it lapses anyway
 MAX_RECHECK: Final = 1.0  # seconds a waiter may go without re-checking
@@ -88,7 +87,7 @@ async def wait_for_grant(
                     late = anyio.current_time() - local_deadline(sent, ttl)
                     if late < 0:
                         return reply, sent
-                    _log.warning(
+                    log.warning(
                         "%s: the grant arrived %.3f s after its ttl had run out; given back",
                         what,
                         late,

@@ -15,7 +15,6 @@ then never keeps the loop alive.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import final
 
@@ -23,10 +22,9 @@ import anyio
 from redis.exceptions import RedisError
 
 from . import cancellation
+from .log import describe, log
 
 __all__ = ["Renewer", "best_effort", "local_deadline"]
-
-_log = logging.getLogger("lovely_coordinator.redis")
 
 
 async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what: str) -> None:
@@ -42,9 +40,11 @@ async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what:
             # Whatever it is, the grant lapses by itself; the caller (a release, or an
             # acquire already failing with its own exception) must not get this one.
             unexpected = not isinstance(exc, RedisError | OSError)
-            _log.warning("%s failed (it lapses within its ttl): %r", what, exc, exc_info=unexpected)
+            log.warning(
+                "%s failed (it lapses within its ttl): %s", what, describe(exc), exc_info=unexpected
+            )
     if scope.cancelled_caught:
-        _log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
+        log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
 
 
 def local_deadline(sent_at: float, ttl: float) -> float:
@@ -105,7 +105,9 @@ class Renewer:
                     # Anything, not only a connection error: a watchdog that died here
                     # would leave the grant looking held long after the server dropped it.
                     unexpected = not isinstance(exc, RedisError | OSError)
-                    _log.warning("renewing %s failed: %r", self._name, exc, exc_info=unexpected)
+                    log.warning(
+                        "renewing %s failed: %s", self._name, describe(exc), exc_info=unexpected
+                    )
                     next_attempt = sent + self._ttl / 10
                     continue
                 if not held:
@@ -114,5 +116,5 @@ class Renewer:
                 next_attempt = sent + self._ttl / 3
                 continue
             break  # no answer before the deadline
-        _log.warning("%s is lost: it could not be shown held", self._name)
+        log.warning("%s is lost: it could not be shown held", self._name)
         self.lost.set()

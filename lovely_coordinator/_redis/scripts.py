@@ -34,10 +34,12 @@ So when a script is about to grant from an object whose state it does not find a
 started (``INFO server``: per server, whatever the prefix) and grants nothing until a ttl
 has passed since then. The caller's ttl counts, or a longer one heard from another caller
 during the period (kept in the object's ``quiet`` key until the period ends). An object
-met for the first time on a server that has been up longer than a ttl is granted at once;
-on a younger one the period costs at most one ttl (the uptime is counted in whole seconds,
-rounded down, so it may last up to a second longer). A boot declared fresh (see
-``boot.py``) has no quiet period.
+met for the first time on a server that has been up longer than a ttl (and a second) is
+granted at once; on a younger one the period lasts a ttl, and up to a second more: the
+server counts its uptime in whole seconds of the wall clock, which only tells the second
+it started in. A boot declared fresh (see ``boot.py``) has no quiet period. (Found by the
+chaos runs: reading the uptime as if rounded down let a restarted server grant a permit
+0.2 s after its start, while the old holder's permit was still valid.)
 
 Key names are built by the callers and passed in ``KEYS`` (never built inside a script);
 the keys of one object share a hash tag (see ``keys.py``), so the scripts run on Redis
@@ -90,9 +92,14 @@ local function quiet(quiet_key, ttl_ms, fresh_run_id)
   if fresh_run_id ~= '' and fresh_run_id == run_id then
     return 0, run_id
   end
-  local uptime_ms = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000
+  -- The uptime counts the wall clock's whole seconds since the one the server started in
+  -- (a cached clock, so never more), so it had started by the end of that second.
+  local t = redis.call('TIME')
+  local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+  local started_by_ms = (tonumber(t[1]) - uptime + 1) * 1000
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local longest = math.max(ttl_ms, tonumber(redis.call('GET', quiet_key) or '0'))
-  local wait = longest - uptime_ms
+  local wait = started_by_ms + longest - now_ms
   if wait > 0 then
     redis.call('SET', quiet_key, fmt(longest), 'PX', fmt(wait))
   end

@@ -20,10 +20,10 @@ import anyio
 from redis.exceptions import RedisError
 
 from . import cancellation
+from .log import describe, log
 
 __all__ = ["Subscriber", "Watch", "text"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 _RETRY_DELAYS: Final = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s forever
 
@@ -123,7 +123,7 @@ class Subscriber:
         try:
             callback(*args)
         except Exception:
-            _log.exception("subscriber on %s: handling %r failed", self._channel, args)
+            log.exception("subscriber on %s: handling %r failed", self._channel, args)
 
     async def _main(self, scope: anyio.CancelScope, ready: anyio.Event) -> None:
         with scope:
@@ -154,11 +154,11 @@ class Subscriber:
                     delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS) - 1)]
                     failures += 1
                     expected = isinstance(exc, RedisError | OSError)
-                    _log.log(
+                    log.log(
                         logging.DEBUG if expected else logging.WARNING,
-                        "subscriber on %s failed (%r); retry in %s s",
+                        "subscriber on %s failed (%s); retry in %s s",
                         self._channel,
-                        exc,
+                        describe(exc),
                         delay,
                         exc_info=not expected,
                     )

@@ -17,8 +17,8 @@ the connections open at that moment (the client's next connection then works, as
 a reconnect). :meth:`FaultProxy.replace_in_replies` rewrites reply bytes (of equal length),
 to make a real server report something else (an older version).
 
-The proxy runs on the caller's event loop, so it is for asyncio tests and the chaos
-harness; nothing in it blocks.
+The proxy runs on the caller's event loop (asyncio), for the fault tests, the chaos runs
+and the benchmark (which measures what a proxy hop costs); nothing in it blocks.
 """
 
 from __future__ import annotations
