@@ -7,9 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.exceptions
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._redis import scripts
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
@@ -213,3 +215,57 @@ async def test_braces_in_log_keys_never_make_two_logs_meet(redis_client: Any) ->
         await FencedLog(redis_client, "a").append(1, "y")  # another log, its own mark
         await FencedLog(redis_client, "%7Ba%7D").append(1, "z")
         assert await FencedLog(redis_client, "{a}").entries() == [(5, "x")]
+
+
+@pytest.mark.asyncio
+async def test_a_fenced_read_loads_its_script_on_a_server_that_lost_it(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        await log.append(3, "a")
+        await redis_client.script_flush()  # as a restarted server would be
+        assert await log.entries(fence=4) == [(3, "a")]
+        assert await log.high_water() == 4
+
+
+@pytest.mark.asyncio
+async def test_a_fenced_read_with_a_decoding_client(
+    redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_connect(redis_server.url, decode_responses=True), "decoded")
+        await log.append(2, "ünï:code")
+        assert await log.entries(fence=2) == [(2, "ünï:code")]
+        with pytest.raises(StaleFenceError, match=r"accepted fence 2$"):
+            await log.entries(fence=1)
+
+
+@pytest.mark.asyncio
+async def test_an_error_reply_leaves_the_connection_usable(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        await redis_client.rpush("{log:log}:high-water", "not a string")  # a wrong type
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            await log.entries(fence=1)
+        await redis_client.delete("{log:log}:high-water")
+        # The reply of the read that followed the failed claim was consumed: the next
+        # command on that connection gets its own reply, not a stale one.
+        assert await log.entries(fence=1) == []
+        assert await redis_client.ping()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_fenced_read_gives_its_connection_back(
+    redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(10):
+        async with proxy_to(redis_server.port) as proxy:
+            client = redis_connect(proxy.url)
+            log = FencedLog(client, "log")
+            await log.entries(fence=1)
+            proxy.delay(0.5)
+            with anyio.move_on_after(0.1):
+                await log.entries(fence=2)  # cancelled while its replies are on the way
+            proxy.heal()
+            pool = client.connection_pool
+            assert not pool._in_use_connections  # nothing leaked
+            assert await log.entries(fence=2) == []  # and nothing out of step

@@ -216,14 +216,15 @@ async def test_a_server_up_longer_than_the_ttl_grants_new_objects_at_once(
 
 
 @pytest.mark.asyncio
-async def test_fenced_read_raises_the_mark_and_a_claim_reads_nothing(redis_client: Any) -> None:
+async def test_a_claim_raises_the_mark_or_is_refused_below_it(redis_client: Any) -> None:
     with anyio.fail_after(5):
-        read = redis_client.register_script(scripts.FENCED_READ)
-        keys = ["{log:x}:entries", "{log:x}:high-water"]
-        await redis_client.rpush(keys[0], "3:a")
-        assert await read(keys, ["5", "1"]) == [1, [b"3:a"]]
-        assert await redis_client.get(keys[1]) == b"5"
-        assert await read(keys, ["4", "0"]) == [0, b"5"]  # refused, mark unchanged
-        assert await read(keys, ["5", "0"]) == [1]  # equal: allowed
-        assert await read(keys, ["0", "1"]) == [1, [b"3:a"]]  # unfenced: never moves it
-        assert await redis_client.get(keys[1]) == b"5"
+        claim = redis_client.register_script(scripts.FENCED_CLAIM)
+        keys = ["{log:x}:high-water"]
+        assert await claim(keys, ["5"]) == 1
+        assert await redis_client.get(keys[0]) == b"5"
+        assert await claim(keys, ["4"]) == b"5"  # refused: the mark it is below
+        assert await claim(keys, ["5"]) == 1  # equal: allowed
+        assert await claim(keys, ["10"]) == 1  # longer decimal: larger
+        assert await claim(keys, ["9"]) == b"10"
+        assert await claim(keys, ["0"]) == 1  # unfenced: never moves it
+        assert await redis_client.get(keys[0]) == b"10"

@@ -14,6 +14,14 @@ not written yet. The store has not seen the new fence, so the old holder's write
 accepted, and the new holder then writes over it: a lost update. A **fenced read**
 (``entries(fence=f)``) or a **claim** (``claim(f)``) raises the mark to ``f`` before the
 new holder does anything else, so from that moment every older holder's write fails.
+
+A fenced read is a claim (one script: the refusal and the raise are atomic) followed by a
+plain ``LRANGE``, both sent at once on one connection, so in one round trip, and run by
+the server in that order. Nothing else needs to be atomic: whatever is written between
+the two comes from this holder or a newer one (older ones are refused from the claim on),
+and if a newer one wrote, this holder's own writes will be refused. Reading the entries
+inside the script instead would copy the whole log through Lua: measured, that made a
+fenced read of 20 entries of 5 kB cost 1.9 times a plain one, against 1.1 this way.
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ from collections.abc import Sequence
 from typing import Any, Final, final
 
 import redis.asyncio
+from redis.exceptions import NoScriptError, ResponseError
 
 from .._errors import InvalidArgumentTypeError, StaleFenceError
 from . import boot, scripts
+from .evalsha import Script
 from .keys import object_base
-from .subscriber import text
 from .validation import check_client, check_fence, check_key, require_asyncio
 
 __all__ = ["FencedLog", "StaleFenceError"]
@@ -38,8 +47,8 @@ _RECEIPT_MS: Final = 60_000
 
 def _parse(raw: Sequence[bytes | str]) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
-    for item in raw:
-        fence, _, entry = text(item).partition(":")
+    for item in raw:  # bytes, or str from a client that decodes responses
+        fence, _, entry = (item.decode() if isinstance(item, bytes) else item).partition(":")
         out.append((int(fence), entry))
     return out
 
@@ -66,8 +75,8 @@ class FencedLog:
         self._base = base = object_base("", "log", key)
         self._entries_key = f"{base}:entries"
         self._high_water_key = f"{base}:high-water"
-        self._append = client.register_script(scripts.FENCED_APPEND)
-        self._read = client.register_script(scripts.FENCED_READ)
+        self._append = Script(client, scripts.FENCED_APPEND)
+        self._claim = Script(client, scripts.FENCED_CLAIM)
 
     async def _ready(self) -> None:
         require_asyncio()
@@ -98,10 +107,10 @@ class FencedLog:
     async def entries(self, fence: int | None = None) -> list[tuple[int, str]]:
         """Every ``(fence, entry)`` in append order.
 
-        With ``fence``, a fenced read: atomically, it is refused if ``fence`` is below the
-        high-water mark, and otherwise raises the mark to ``fence`` before reading, so
-        every write of an older holder fails from then on, even if this holder has not
-        written yet. (Fence 0 reads unfenced and leaves the mark alone.)
+        With ``fence``, a fenced read: it is refused if ``fence`` is below the high-water
+        mark, and otherwise raises the mark to ``fence`` before reading, so every write of
+        an older holder fails from then on, even if this holder has not written yet.
+        (Fence 0 reads unfenced and leaves the mark alone.)
 
         Raises:
             StaleFenceError: ``fence`` is lower than the mark (nothing was changed).
@@ -110,8 +119,16 @@ class FencedLog:
         if fence is None:
             await self._ready()
             return _parse(await self._client.lrange(self._entries_key, 0, -1))
-        reply = await self._fenced(fence, read=True)
-        return _parse(reply[1])
+        fence = check_fence(fence)
+        await self._ready()
+        try:
+            claimed, raw = await self._claim_then_read(str(fence))
+        except NoScriptError:  # a new server (a restart): load the script, once
+            await self._client.script_load(scripts.FENCED_CLAIM)
+            claimed, raw = await self._claim_then_read(str(fence))
+        if claimed != 1:
+            raise StaleFenceError(fence, int(claimed))
+        return _parse(raw)
 
     async def claim(self, fence: int) -> None:
         """Raise the high-water mark to ``fence`` without reading (as a fenced read does).
@@ -120,17 +137,45 @@ class FencedLog:
             StaleFenceError: ``fence`` is lower than the mark (nothing was changed).
             InvalidArgumentError: ``fence`` is not an int >= 0.
         """
-        await self._fenced(fence, read=False)
-
-    async def _fenced(self, fence: int, *, read: bool) -> list[Any]:
         fence = check_fence(fence)
         await self._ready()
-        reply: list[Any] = await self._read(
-            [self._entries_key, self._high_water_key], [str(fence), "1" if read else "0"]
-        )
-        if not reply[0]:
-            raise StaleFenceError(fence, int(text(reply[1])))
-        return reply
+        claimed = await self._claim([self._high_water_key], [str(fence)])
+        if claimed != 1:
+            raise StaleFenceError(fence, int(claimed))
+
+    async def _claim_then_read(self, fence: str) -> tuple[Any, list[Any]]:
+        """The claim and the ``LRANGE``, sent together on one connection (see above).
+
+        A connection that fails midway is dropped by redis-py (it may hold an unread
+        reply); the client's retry policy applies as to any command.
+        """
+        pool: Any = self._client.connection_pool  # its methods are not typed
+        try:
+            connection = await pool.get_connection()
+        except TypeError:  # redis-py < 5.3 wants the name of a command
+            connection = await pool.get_connection("EVALSHA")
+        commands = [
+            ("EVALSHA", self._claim.sha, 1, self._high_water_key, fence),
+            ("LRANGE", self._entries_key, 0, -1),
+        ]
+
+        async def exchange() -> tuple[Any, list[Any]]:
+            await connection.send_packed_command(connection.pack_commands(commands))
+            try:
+                claimed = await connection.read_response()
+            except ResponseError:
+                await connection.read_response()  # the read's reply follows all the same
+                raise
+            return claimed, await connection.read_response()
+
+        async def drop(error: Exception) -> None:
+            await connection.disconnect()
+
+        try:
+            result: tuple[Any, list[Any]] = await connection.retry.call_with_retry(exchange, drop)
+            return result
+        finally:
+            await pool.release(connection)  # as redis-py's own commands do
 
     async def high_water(self) -> int:
         """The highest fence accepted so far (0 for an empty or only-unfenced log)."""

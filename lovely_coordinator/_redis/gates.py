@@ -38,6 +38,7 @@ from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_seconds
 from . import boot, cancellation, gate_scripts
+from .evalsha import Script
 from .keys import object_base
 from .log import describe, log
 from .subscriber import Subscriber, text
@@ -119,9 +120,9 @@ class RedisGates:
         self._epoch_key = f"{base}:epoch"
         self._channel = f"{base}:events"
         self._resync_interval = interval
-        self._close_script = client.register_script(gate_scripts.GATE_CLOSE)
-        self._open_script = client.register_script(gate_scripts.GATE_OPEN)
-        self._state_script = client.register_script(gate_scripts.GATE_STATE)
+        self._close_script = Script(client, gate_scripts.GATE_CLOSE)
+        self._open_script = Script(client, gate_scripts.GATE_OPEN)
+        self._state_script = Script(client, gate_scripts.GATE_STATE)
         self._subscriber = Subscriber(client, self._channel, self._on_message, self._on_reset)
         # Local reopen times (anyio clock) this object set from Redis, so a resync can tell
         # its own stale closures from closures made locally by someone else, and put them

@@ -26,6 +26,7 @@ from typing import final
 import redis.asyncio
 
 from . import boot, scripts
+from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
 from .subscriber import Subscriber, Watch
@@ -60,9 +61,9 @@ class RedisLocker:
         self._prefix = check_prefix(prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
         self._channel = f"{object_base(prefix, 'conv')}:released"
-        self._acquire_script = client.register_script(scripts.LOCK_ACQUIRE)
-        self._extend_script = client.register_script(scripts.LOCK_EXTEND)
-        self._release_script = client.register_script(scripts.LOCK_RELEASE)
+        self._acquire_script = Script(client, scripts.LOCK_ACQUIRE)
+        self._extend_script = Script(client, scripts.LOCK_EXTEND)
+        self._release_script = Script(client, scripts.LOCK_RELEASE)
         self._watches: dict[str, set[Watch]] = {}
         self._subscriber = Subscriber(client, self._channel, self._on_release, self._on_reset)
 

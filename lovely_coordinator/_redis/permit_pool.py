@@ -35,6 +35,7 @@ import redis.asyncio
 
 from .._validate import as_index
 from . import boot, pool_scripts
+from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
 from .subscriber import Subscriber, Watch
@@ -83,9 +84,9 @@ class RedisPermitPool:
         self._base = base = object_base(check_prefix(prefix), "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
-        self._acquire_script = client.register_script(pool_scripts.POOL_ACQUIRE)
-        self._refresh_script = client.register_script(pool_scripts.POOL_REFRESH)
-        self._leave_script = client.register_script(pool_scripts.POOL_LEAVE)
+        self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)
+        self._refresh_script = Script(client, pool_scripts.POOL_REFRESH)
+        self._leave_script = Script(client, pool_scripts.POOL_LEAVE)
         self._watches: set[Watch] = set()
         self._subscriber = Subscriber(client, self._channel, self._on_announce, self._on_reset)
 

@@ -52,7 +52,7 @@ from typing import Final
 
 __all__ = [
     "FENCED_APPEND",
-    "FENCED_READ",
+    "FENCED_CLAIM",
     "GRANTED",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
@@ -208,27 +208,22 @@ return {1, index}
 """
 )
 
-# A fenced read, or a claim (a fenced read that returns nothing): refused when the fence is
-# below the mark, and otherwise raising the mark to it, so every older holder's write fails
-# from now on. A resent call does the same again, harmlessly.
-# KEYS: entries, high-water mark; ARGV: fence, "1" to read (else claim only)
-# -> {1, {entry, ...}} | {1} | {0, high water}
-FENCED_READ: Final = (
-    _LESS
-    + """
+# A claim (what a fenced read starts with): refused when the fence is below the mark, and
+# otherwise raising the mark to it, so every older holder's write fails from now on. A
+# resent call does the same again, harmlessly. (The comparison is written out rather than
+# calling less(): this runs for every turn's read.)
+# KEYS: high-water mark; ARGV: fence -> 1 | the high water (a string) when refused
+FENCED_CLAIM: Final = """
 local fence = ARGV[1]
-if fence ~= '0' then
-  local high = redis.call('GET', KEYS[2]) or '0'
-  if less(fence, high) then
-    return {0, high}
-  end
-  if less(high, fence) then
-    redis.call('SET', KEYS[2], fence)
-  end
+if fence == '0' then
+  return 1
 end
-if ARGV[2] == '1' then
-  return {1, redis.call('LRANGE', KEYS[1], 0, -1)}
+local high = redis.call('GET', KEYS[1]) or '0'
+if #fence < #high or (#fence == #high and fence < high) then
+  return high
 end
-return {1}
+if fence ~= high then
+  redis.call('SET', KEYS[1], fence)
+end
+return 1
 """
-)
