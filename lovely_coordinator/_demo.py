@@ -238,9 +238,20 @@ def main(argv: list[str]) -> int:
         help="multiply every simulated duration by this (default 1: about three seconds)",
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="run it across this many processes on a throwaway Valkey (see _demo_replicas)",
+    )
     args = parser.parse_args(argv)
     if not args.scale > 0:
         parser.error("--scale must be positive")
+    if args.replicas is not None:
+        if not 2 <= args.replicas <= 8:
+            parser.error("--replicas must be from 2 to 8")
+        from ._demo_replicas import main as across_replicas
+
+        return across_replicas(args.replicas, args.scale)
     report = anyio.run(simulate, args.scale, backend=args.backend)
     print(_format(report))
     return 0
