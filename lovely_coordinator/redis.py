@@ -27,7 +27,9 @@ period on a server you *know* is new (nothing was ever granted by an earlier boo
 the key ``lovely-coordinator:fresh-boot`` to the ``run_id`` that ``INFO server`` reports.
 
 Every key of an object shares one hash tag, and ids are escaped so that no two objects
-ever share a key, whatever characters their prefixes and ids contain.
+ever share a key, whatever characters their prefixes and ids contain. The scripts read
+``INFO server`` (the version once per client; the uptime when they meet an object they
+have no state for), so the server must allow ``INFO`` to the client's user.
 """
 
 from ._errors import StaleFenceError as StaleFenceError

@@ -4,9 +4,10 @@ Each mode connects to the server at ``url``, does its part and reports on stdout
 object per line, so the test can SIGKILL, SIGSTOP or wait for it at the right moment.
 
 * ``hold URL PREFIX CONV TTL``: acquire the lease, print ``{"fence": n}``, hold it until
-  killed, printing ``{"lost": t}`` (loop time) if it is lost meanwhile.
+  killed, printing ``{"lost": t, "deadline": d}`` (loop time) if it is lost meanwhile:
+  when that was noticed, and the local deadline it could be shown held until.
 * ``pool-hold URL NAME LIMIT TTL COUNT``: take COUNT permits, print their fences, hold them
-  (printing ``{"lost": t}`` when one is lost).
+  (printing ``{"lost": t, "deadline": d}`` when one is lost).
 * ``stall-rmw URL CONV TTL``: take the lease, read the FencedLog ``log`` under its fence and
   print ``{"fence": n, "read": entries}``; on a line from stdin (the "model" answered),
   append ``str(entries + 1)`` under the same fence whatever happened to the lease, and
@@ -58,13 +59,14 @@ def connect(url: str) -> redis.asyncio.Redis:
     )
 
 
-async def report_loss(*lost: anyio.Event) -> None:
+async def report_loss(*grants: Any) -> None:
+    """Report each grant's loss: when it was noticed, and the deadline it was valid until."""
     async with anyio.create_task_group() as tg:
-        for event in lost:
+        for grant in grants:
 
-            async def wait(event: anyio.Event = event) -> None:
-                await event.wait()
-                report(lost=anyio.current_time())
+            async def wait(grant: Any = grant) -> None:
+                await grant.lost.wait()
+                report(lost=anyio.current_time(), deadline=grant._renewer._deadline)
 
             tg.start_soon(wait)
 
@@ -73,7 +75,7 @@ async def hold(args: argparse.Namespace) -> None:
     client = connect(args.url)
     lease = await RedisLocker(client, ttl=args.ttl, prefix=args.prefix).acquire(args.conv)
     report(fence=lease.fence)
-    await report_loss(lease.lost)
+    await report_loss(lease)
     await asyncio.sleep(3600)
 
 
@@ -86,7 +88,7 @@ async def pool_hold(args: argparse.Namespace) -> None:
     _, permits = pool(args)
     held = [await permits.acquire() for _ in range(args.count)]
     report(fences=[p.fence for p in held])
-    await report_loss(*(p.lost for p in held))
+    await report_loss(*held)
     await asyncio.sleep(3600)
 
 
