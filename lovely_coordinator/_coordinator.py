@@ -31,13 +31,12 @@ import anyio.lowlevel
 
 from ._config import CoordinatorConfig
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, PermitReleasedError
-from ._lines import DONE, GRANTED, QUEUED, Ticket
+from ._lines import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from ._permits import (
     RELEASED_MESSAGE,
     TOKENS_MESSAGE,
     WAIT_MESSAGE,
     WORK_MESSAGE,
-    Admission,
     AgentPermit,
     AgentReservation,
     PermitContext,
@@ -51,7 +50,7 @@ from ._timers import LoopClock, WakeupTimer
 from ._types import CoordinatorStatistics, ModelTuple, ModelTupleLike, as_model_tuple
 from ._updates import StatisticsCallback, UpdateHub
 from ._validate import as_bool, as_callable, as_index, as_optional_index, as_seconds
-from ._waiter import Parker
+from ._waiter import Parker, checkpoint_or_undo
 
 __all__ = ["AGENT_COORDINATOR_VERSION", "AgentCoordinator", "create_agent_coordinator"]
 
@@ -144,7 +143,7 @@ class AgentCoordinator(CoordinatorRegistries):
         self._config = config
         self._lock = threading.RLock()
         self._clock = LoopClock()
-        self._hub = UpdateHub(self.statistics, self._lock)
+        self._hub = UpdateHub(self.statistics, self._lock, self._update_hook)
         super().__init__()
         self._scheduler = Scheduler(
             config.max_concurrency,
@@ -165,14 +164,21 @@ class AgentCoordinator(CoordinatorRegistries):
     def _on_change(self) -> None:
         # The scheduler's one change hook (under the lock): tell listeners, and keep the
         # one timer at the scheduler's next wake-up.
-        self._hub.notify()
+        if self._hub.listening:
+            self._hub.notify()
         scheduler = self._scheduler
         if scheduler._wakeups or self._timer.armed_at is not None:
             self._timer.rearm(scheduler.next_wakeup())
+        self._update_hook()
+
+    def _update_hook(self) -> None:
+        # The scheduler calls the hook only while it has something to do (see _engine).
+        self._scheduler.hooked = self._hub.listening or self._timer.armed_at is not None
 
     def _registries_changed(self) -> None:
         with self._lock:
-            self._hub.notify()
+            if self._hub.listening:
+                self._hub.notify()
 
     def _follow(self) -> None:
         """If the calling loop adopts the coordinator, move its instants and timer here."""
@@ -184,6 +190,7 @@ class AgentCoordinator(CoordinatorRegistries):
             scheduler.shift_time(delta)
         if not scheduler.advance():  # what fell due meanwhile happens now
             self._timer.rearm(scheduler.next_wakeup())
+            self._update_hook()
 
     def _advance(self) -> None:
         self._scheduler.advance()  # its change hook re-arms the timer
@@ -377,13 +384,19 @@ class AgentCoordinator(CoordinatorRegistries):
 
     async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> AgentPermit:
         await anyio.lowlevel.checkpoint_if_cancelled()
-        parker: Parker[bool] = Parker()
         with self._lock:
             if self._scheduler._wakeups:
                 self._follow()
             ticket = self._scheduler.enqueue(t, order, True, reject)
-            self._attach_locked(ticket, parker)
-        await parker.wait(Admission(self, ticket), self._lock)
+            if ticket.state != GRANTED:
+                parker: Parker[bool] | None = Parker()
+                ticket.parker = parker
+            else:
+                parker = None
+        if parker is None:
+            await checkpoint_or_undo(self, ticket)
+        else:
+            await parker.wait(self, ticket, self._lock)
         return AgentPermit(self, ticket)
 
     async def acquire(
@@ -583,6 +596,16 @@ class AgentCoordinator(CoordinatorRegistries):
 
     # -- what permits, reservations and requests call (each under the lock) ------------------
 
+    def _parker_abort(self, ticket: Ticket) -> None:
+        # A wait for ``ticket`` was cancelled while queued: it leaves the line.
+        self._discard(ticket)
+
+    def _parker_undo(self, ticket: Ticket, _granted: bool) -> None:
+        # A wait for ``ticket`` was cancelled after its grant: the slot goes on at once
+        # (unless it was given back already, by a reservation's cancel).
+        if ticket.state == GRANTED:
+            self._release(ticket)
+
     def _attach_locked(self, ticket: Ticket, parker: Parker[bool]) -> None:
         if ticket.state == GRANTED:
             parker.grant(True)
@@ -605,9 +628,9 @@ class AgentCoordinator(CoordinatorRegistries):
         order: int | None,
         reject: bool,
         tokens: int,
-        cover: Ticket | None,
+        cover: PermitTicket | None,
         parker: Parker[bool],
-    ) -> Ticket:
+    ) -> RequestTicket:
         with self._lock:
             self._follow()
             ticket = self._scheduler.enqueue_request(t, order, reject, tokens, cover)
@@ -631,19 +654,19 @@ class AgentCoordinator(CoordinatorRegistries):
         with self._lock:
             self._scheduler.fail(ticket, error)
 
-    def _lend_begin(self, ticket: Ticket) -> None:
+    def _lend_begin(self, ticket: PermitTicket) -> None:
         with self._lock:
             withdrawn = self._scheduler.lend_begin(ticket)
             if withdrawn is not None:
                 withdrawn.grant(False)  # that lend returns; this one will reacquire
 
-    def _lend_end(self, ticket: Ticket, parker: Parker[bool]) -> bool:
+    def _lend_end(self, ticket: PermitTicket, parker: Parker[bool]) -> bool:
         with self._lock:
             if self._scheduler._wakeups:
                 self._follow()
             return self._scheduler.lend_end(ticket, parker)
 
-    def _settle(self, ticket: Ticket, tokens: int) -> None:
+    def _settle(self, ticket: RequestTicket, tokens: int) -> None:
         with self._lock:
             self._follow()
             self._scheduler.settle(ticket, tokens)

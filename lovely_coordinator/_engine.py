@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, cast
 
 from ._lines import (
     COMPACT_MIN,
@@ -32,7 +32,9 @@ from ._lines import (
     REQUESTS,
     Entry,
     Line,
+    PermitTicket,
     ReadyEntry,
+    RequestTicket,
     Ticket,
     TupleState,
     Wakeable,
@@ -59,6 +61,10 @@ def _no_clock() -> float:
     return 0.0
 
 
+def _nothing() -> None:
+    pass
+
+
 class Engine:
     """The scheduler's state and grant loop (see the module docstring)."""
 
@@ -75,6 +81,7 @@ class Engine:
         "_wakeups",
         "active",
         "fresh_reacquire",
+        "hooked",
         "lent",
         "limit",
         "max_queued",
@@ -99,7 +106,10 @@ class Engine:
         self.queued = 0
         self.lent = 0
         self.version = 0
-        self.on_change: Callable[[], object] | None = None
+        # The change hook, called when ``hooked`` (someone listens, a timer is armed) or
+        # a wake-up exists (its timer must be armed): the hot path pays two reads.
+        self.on_change: Callable[[], object] = _nothing
+        self.hooked = False
         self._clock: Callable[[], float] = clock or _no_clock
         self._counter = 0
         self._seq = 0
@@ -116,9 +126,8 @@ class Engine:
     def _changed(self) -> None:
         """The one place a change is announced (every public mutator ends with it)."""
         self.version += 1
-        hook = self.on_change
-        if hook is not None:
-            hook()
+        if self.hooked or self._wakeups:
+            self.on_change()
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -161,9 +170,9 @@ class Engine:
         so the last ``IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
         so memory follows the tuples in use. O(1).
         """
-        if not state.idle:
-            return
         idle = self._idle
+        if state.tuple in idle or not state.idle:
+            return  # cached already (eviction re-checks), or not idle
         idle[state.tuple] = state
         if len(idle) > IDLE_KEPT:
             model_tuple = next(iter(idle))
@@ -286,7 +295,7 @@ class Engine:
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
                 line = ready[0][2]
-                if line.kind == REQUESTS and not self._may_draw(line.state, line.heap[0][2]):
+                if line.kind == REQUESTS and not self._may_draw(line.state, line.first()):
                     line.entry = None
                     heapq.heappop(ready)
                     continue
@@ -337,8 +346,8 @@ class Engine:
         if parker is not None:
             ticket.parker = None
             parker.grant(True)
-        if ticket.candidates:
-            self._hand_cover(ticket)  # a reacquired permit may cover at once
+        if ticket.candidates:  # a reacquired permit may cover at once
+            self._hand_cover(cast(PermitTicket, ticket))
 
     def _serve_covered(self, state: TupleState) -> None:
         """Grant the tuple's covered requests that may run (they need no free slot)."""
@@ -381,7 +390,7 @@ class Engine:
             # A request ahead of the front drew: the front waits longer now.
             self._block_until(state, _ready_at(state, block, now))
 
-    def _hand_cover(self, cover: Ticket) -> None:
+    def _hand_cover(self, cover: PermitTicket) -> None:
         """Give a held, free permit's slot to its best waiting candidate, if any."""
         heap = cover.candidates
         if cover.state != GRANTED or cover.covering is not None or not heap:
@@ -419,7 +428,7 @@ class Engine:
             ticket.bypass = False
         ticket.state = DONE
         parker, ticket.parker = ticket.parker, None
-        if ticket.request:
+        if isinstance(ticket, RequestTicket):
             cover = ticket.cover
             if covered and cover is not None:
                 ticket.covered = False

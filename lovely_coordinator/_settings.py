@@ -14,7 +14,7 @@ from typing import Final
 from ._bucket import Bucket
 from ._engine import GATE, Engine
 from ._errors import TupleSuspendedError
-from ._lines import Ticket, TupleState
+from ._lines import RequestTicket, Ticket, TupleState
 from ._types import ModelTuple
 
 __all__ = ["EXPLICIT_REQUESTS", "EXPLICIT_TOKENS", "SUSPENDED_MESSAGE", "Settings"]
@@ -140,7 +140,7 @@ class Settings(Engine):
             state.token_bucket.lower_to(tokens_remaining, now)
         self._budget_moved(state)
 
-    def settle(self, ticket: Ticket, tokens: int) -> None:
+    def settle(self, ticket: RequestTicket, tokens: int) -> None:
         """A request's real token usage replaces its charge: refund or charge the difference."""
         change = tokens - ticket.tokens
         ticket.tokens = tokens
