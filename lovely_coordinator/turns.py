@@ -23,13 +23,14 @@ from ._errors import LeaseLostError as LeaseLostError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import TurnDropped as TurnDropped
 from ._errors import TurnInterrupted as TurnInterrupted
-from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
-from ._turns import Job as Job
-from ._turns import Lease as Lease
-from ._turns import LeaseSignal as LeaseSignal
-from ._turns import Locker as Locker
 from ._turns import TurnRegistry as TurnRegistry
+from ._turns_job import Job as Job
 from ._turns_state import Multitask as Multitask
+from ._turns_state import TurnStatistics as TurnStatistics
+from ._turns_types import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
+from ._turns_types import Lease as Lease
+from ._turns_types import LeaseSignal as LeaseSignal
+from ._turns_types import Locker as Locker
 
 __all__ = [
     "ConversationBusyError",
@@ -46,4 +47,5 @@ __all__ = [
     "TurnDropped",
     "TurnInterrupted",
     "TurnRegistry",
+    "TurnStatistics",
 ]

@@ -16,10 +16,11 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from trio.testing import MockClock
 
-import lovely_coordinator._turns as turns_impl
+import lovely_coordinator._turns_types as turns_types
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._turns import RELEASE_TIMEOUT
+from lovely_coordinator._errors import UsageError
+from lovely_coordinator._turns_types import RELEASE_TIMEOUT
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,
@@ -34,6 +35,7 @@ from lovely_coordinator.turns import (
     TurnDropped,
     TurnInterrupted,
     TurnRegistry,
+    TurnStatistics,
 )
 
 pytestmark = pytest.mark.anyio
@@ -175,6 +177,7 @@ def test_public_names() -> None:
         "TurnDropped",
         "TurnInterrupted",
         "TurnRegistry",
+        "TurnStatistics",
     }
     assert DEFAULT_MAX_QUEUED == 10
     assert get_args(Multitask) == ("enqueue", "reject", "interrupt", "replace_queued")
@@ -311,7 +314,7 @@ async def test_a_failing_turn_is_recorded_logged_and_the_queue_goes_on(
 async def test_a_turn_that_is_not_a_coroutine_function_fails_as_a_turn() -> None:
     with anyio.fail_after(5):
         async with TurnRegistry() as turns:
-            job = Job(lambda fence: fence)  # type: ignore[arg-type, return-value]
+            job: Job[object] = Job(lambda fence: fence)  # type: ignore[arg-type, return-value]
             turns.submit("conv", job)
             await job.wait()
             assert isinstance(job.error, TypeError)
@@ -440,7 +443,11 @@ async def test_equal_but_distinct_values_of_two_submitters_stay_apart() -> None:
         assert seen[1] is lists[1]
 
 
-SELF_WAIT = "a turn cannot wait for a later turn of its own conversation; submit() it instead"
+SELF_WAIT = (
+    "a turn cannot run() a later turn of its own conversation and wait for it: that turn"
+    " starts only after this one has ended, so the wait would never return; submit() it"
+    " instead"
+)
 
 
 async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> None:
@@ -452,9 +459,10 @@ async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> No
         async with TurnRegistry() as turns, anyio.create_task_group() as outside:
 
             async def attempt(where: str) -> None:
-                with pytest.raises(CoordinatorError, match=f"^{re.escape(SELF_WAIT)}$") as info:
+                with pytest.raises(UsageError, match=f"^{re.escape(SELF_WAIT)}$") as info:
                     await turns.run("conv", rec.turn(f"never, from {where}"))
                 assert isinstance(info.value, RuntimeError)
+                assert isinstance(info.value, CoordinatorError)
                 assert turns.waiting("conv") == 0, "nothing was submitted"
                 refused.append(where)
 
@@ -485,7 +493,8 @@ async def test_a_turn_awaiting_run_on_its_own_conversation_fails_at_once() -> No
 
 
 WAIT_BEHIND = (
-    "a turn cannot wait for a later turn of its own conversation; let it run after this one"
+    "a turn cannot wait for a later turn of its own conversation: that turn starts only"
+    " after this one has ended, so the wait would never return; let it run after this one"
 )
 
 
@@ -498,7 +507,7 @@ async def test_a_turn_waiting_for_a_job_queued_behind_it_fails_at_once() -> None
             elsewhere = Job(rec.turn("elsewhere"))
 
             async def attempt(where: str) -> None:
-                with pytest.raises(CoordinatorError, match=f"^{re.escape(WAIT_BEHIND)}$") as info:
+                with pytest.raises(UsageError, match=f"^{re.escape(WAIT_BEHIND)}$") as info:
                     await later.wait()
                 assert isinstance(info.value, RuntimeError)
                 refused.append(where)
@@ -714,11 +723,31 @@ async def test_the_registry_must_be_entered_once() -> None:
     with anyio.fail_after(5):
         turns = TurnRegistry()
         assert await turns.wait(), "an unentered registry has nothing to wait for"
-        with pytest.raises(CoordinatorError, match=r"^enter the TurnRegistry"):
-            turns.submit("conv", Job(forever))
+        job = Job(answer_one)
+        with pytest.raises(
+            UsageError,
+            match=r"^enter the TurnRegistry with 'async with' before submitting turns: its turns"
+            r" run in the task group that block opens$",
+        ):
+            turns.submit("conv", job)
+        with pytest.raises(UsageError, match=r"^enter the TurnRegistry"):
+            await turns.run("conv", forever)
+        assert turns.statistics() == TurnStatistics(0, 0, 0, False)
         async with turns:
-            pass
-        with pytest.raises(RuntimeError, match=r"^a TurnRegistry can be entered only once$"):
+            assert turns.submit("conv", job) == 0, "the refused job was left untouched"
+            with pytest.raises(
+                UsageError,
+                match=r"^this TurnRegistry is already entered: one 'async with' block owns its"
+                r" turns; share the registry it gave instead of entering it again$",
+            ):
+                await turns.__aenter__()
+            assert await turns.run("conv", answer_one) == 1, "entering twice changed nothing"
+        assert job.result == 1
+        with pytest.raises(
+            UsageError,
+            match=r"^a TurnRegistry can be entered only once: leaving its 'async with' block"
+            r" ended its turns for good; create a new TurnRegistry$",
+        ):
             await turns.__aenter__()
         with pytest.raises(DrainingError):
             turns.submit("conv", Job(forever))
@@ -1085,7 +1114,8 @@ async def test_an_interrupted_turn_cleans_up_before_the_next_one_starts() -> Non
         assert log == ["cleaned up", "next"]
 
 
-async def test_a_turn_that_finishes_despite_the_interrupt_keeps_its_outcome() -> None:
+async def test_a_turn_that_finishes_despite_the_interrupt_still_ends_interrupted() -> None:
+    """The stop decides (CONTRACT §5b): such a turn used to end as a success."""
     with anyio.fail_after(5):
         entered, release = anyio.Event(), anyio.Event()
 
@@ -1102,8 +1132,8 @@ async def test_a_turn_that_finishes_despite_the_interrupt_keeps_its_outcome() ->
             turns.submit("conv", Job(Recorder().turn("b")), "interrupt")
             release.set()
             await job.wait()
-            assert job.error is None
-            assert job._result == "done anyway"
+            assert isinstance(job.error, TurnInterrupted)
+            assert job.result is None, "a stopped turn's partial result is discarded"
 
 
 async def test_replace_queued_keeps_the_running_turn() -> None:
@@ -1395,7 +1425,7 @@ async def test_a_hanging_release_is_abandoned_after_a_bound(
     bound = RELEASE_TIMEOUT
     if anyio_backend_name == "asyncio":  # real time: a short bound
         bound = 0.05
-        monkeypatch.setattr(turns_impl, "RELEASE_TIMEOUT", bound)
+        monkeypatch.setattr(turns_types, "RELEASE_TIMEOUT", bound)
     with anyio.fail_after(1000 if anyio_backend_name == "trio" else 5):
         rec = Recorder()
 
@@ -1431,7 +1461,7 @@ async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_turn_at_a_tim
             taking: dict[str, int] = {}
             inner = turns._take_turn
 
-            async def counted(conversation_id: str, job: Job, waited: bool) -> None:
+            async def counted(conversation_id: str, job: Job[object], waited: bool) -> None:
                 taking[conversation_id] = taking.get(conversation_id, 0) + 1
                 assert taking[conversation_id] == 1, "two turns at once in one conversation"
                 try:
@@ -1442,7 +1472,7 @@ async def test_a_submit_racing_the_end_of_the_last_turn_starts_one_turn_at_a_tim
             turns._take_turn = counted  # type: ignore[method-assign]
             positions: list[int] = []
 
-            async def resubmit_when_done(i: int, job: Job) -> None:
+            async def resubmit_when_done(i: int, job: Job[object]) -> None:
                 await job.wait()
                 follow = Job(rec.turn(f"{i}b"))
                 positions.append(turns.submit("conv", follow))
@@ -1585,7 +1615,7 @@ async def test_ten_thousand_conversations_leave_nothing_behind(locked: bool, cou
             finally:
                 tracemalloc.stop()
             assert not turns._table
-            assert not turns._acquiring
+            assert not turns._leases
             ours = [tracemalloc.Filter(True, "*lovely_coordinator*")]
             held_by_us = after.filter_traces(ours).compare_to(
                 before.filter_traces(ours), "filename"

@@ -120,7 +120,7 @@ def test_draining_admits_nothing() -> None:
     table: TurnTable[Item] = TurnTable(max_queued=3)
     a = Item("a")
     table.admit("conv", a, "enqueue")
-    table.draining = True
+    table.drain()
     for mode in MULTITASK_MODES:
         with pytest.raises(DrainingError, match=r"^this server is shutting down; retry the turn$"):
             table.admit("conv", Item("b"), mode)
