@@ -18,6 +18,7 @@ from trio.testing import MockClock
 
 import lovely_coordinator.lanes as lanes_module
 from lovely_coordinator import InvalidArgumentError
+from lovely_coordinator._errors import UsageError
 from lovely_coordinator._lanes import _Run
 from lovely_coordinator.lanes import (
     ActivationFailed,
@@ -531,10 +532,25 @@ async def test_an_error_or_cancellation_in_the_block_still_closes() -> None:
 
 async def test_a_lanes_context_cannot_be_entered_twice() -> None:
     with anyio.fail_after(5):
-        scope = create_lanes(1, activate=Probe().activate)
-        async with scope:
-            with pytest.raises(RuntimeError, match="entered twice"):
+        probe = Probe()
+        scope = create_lanes(1, activate=probe.activate, on_exit=probe.on_exit)
+        async with scope as lanes:
+            with pytest.raises(
+                UsageError,
+                match=r"^this create_lanes\(\) context manager is already entered: one 'async with'"
+                r" block owns its lanes; share the Lanes it gave instead of entering it again$",
+            ) as info:
                 await scope.__aenter__()
+            assert isinstance(info.value, RuntimeError)
+            assert lanes.wake("a") == "started", "the lanes are untouched"
+            await settle()
+        with pytest.raises(
+            UsageError,
+            match=r"^a create_lanes\(\) context manager can be entered only once: leaving its"
+            r" block closed its lanes for good; call create_lanes\(\) again$",
+        ):
+            await scope.__aenter__()
+        assert probe.exits == [ActivationInterrupted("a", "close")]
 
 
 # --- outcomes, finalizers and on_exit ---------------------------------------------------
