@@ -80,7 +80,8 @@ async def test_result_holds_what_run_returned() -> None:
             failed: Job[int] = Job(fails)
             turns.submit("conv", ok)
             turns.submit("conv", failed)
-            assert ok.result is None, "nothing before the turn returned"
+            results_before = (ok.result, failed.result)
+            assert results_before == (None, None), "nothing before the turn returned"
             await failed.wait()
             assert ok.result == "answer"
             assert isinstance(failed.error, ValueError)
