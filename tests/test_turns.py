@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import gc
+import math
 import random
 import re
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from fractions import Fraction
 from typing import get_args
 
 import anyio
@@ -751,6 +754,194 @@ async def test_the_registry_must_be_entered_once() -> None:
             await turns.__aenter__()
         with pytest.raises(DrainingError):
             turns.submit("conv", Job(forever))
+
+
+class IntSubclass(int):
+    pass
+
+
+class FloatSubclass(float):
+    pass
+
+
+class Index:
+    """An integer by ``operator.index`` only, like ``numpy.int64``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@pytest.mark.parametrize("max_queued", [IntSubclass(1), Index(1)])
+async def test_max_queued_takes_any_integer(max_queued: object) -> None:
+    """An integer that is not an int subclass (numpy's) used to be refused."""
+    with anyio.fail_after(5):
+        turns = TurnRegistry(max_queued=max_queued)  # type: ignore[arg-type]
+        assert turns.max_queued == 1
+        assert type(turns.max_queued) is int
+        assert TurnRegistry(max_queued=10**400).max_queued == 10**400
+        async with turns:
+            turns.submit("conv", Job(forever))
+            turns.submit("conv", Job(forever))
+            with pytest.raises(QueueFullError):
+                turns.submit("conv", Job(forever))
+            turns.submit("conv", Job(answer_one), "interrupt")
+
+
+@pytest.mark.parametrize(
+    "timeout", [10**400, -(10**400), math.inf, -math.inf, math.nan, -1, -0.5, FloatSubclass(-1)]
+)
+async def test_wait_refuses_timeouts_that_are_no_finite_nonnegative_number(
+    timeout: object,
+) -> None:
+    """A huge int used to leak OverflowError, and infinity was taken for a timeout."""
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(answer_one))
+            with pytest.raises(
+                InvalidArgumentError,
+                match=r"^timeout must be a nonnegative finite number or None$",
+            ) as info:
+                await turns.wait(timeout=timeout)  # type: ignore[arg-type]
+            assert not isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("timeout", ["5", True, b"1", [1]])
+async def test_wait_refuses_timeouts_of_the_wrong_type(timeout: object) -> None:
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+            with pytest.raises(
+                InvalidArgumentTypeError,
+                match=r"^timeout must be a nonnegative finite number or None$",
+            ):
+                await turns.wait(timeout=timeout)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "timeout", [IntSubclass(0), FloatSubclass(0.0), Fraction(1, 100), 10**300, 0]
+)
+async def test_wait_takes_any_real_number_of_seconds(timeout: float) -> None:
+    with anyio.fail_after(5):
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            assert await turns.wait(timeout=timeout)  # idle: at once
+            turns.submit("conv", Job(Recorder().turn("a", gate)))
+            if timeout < 1:
+                assert not await turns.wait(timeout=timeout)
+            gate.set()
+            assert await turns.wait(timeout=timeout if timeout >= 1 else None)
+
+
+async def test_run_with_a_non_callable_changes_nothing() -> None:
+    """It used to take a place in the queue and fail only when its turn came."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry() as turns:
+            turns.submit("conv", Job(rec.turn("a", gate)))
+            before = turns.statistics()
+            for bad in (None, "turn", 42):
+                with pytest.raises(
+                    InvalidArgumentTypeError,
+                    match=r"^run must be callable: an async function taking the fence$",
+                ):
+                    await turns.run("conv", bad)  # type: ignore[arg-type]
+                with pytest.raises(InvalidArgumentTypeError):
+                    await turns.run("other", bad)  # type: ignore[arg-type]
+            assert turns.statistics() == before
+            assert turns.waiting("conv") == 0
+            gate.set()
+            assert await turns.run("conv", rec.turn("b", result=2)) == 2, "still usable"
+        assert rec.log == ["start a", "end a", "start b", "end b"]
+
+
+async def test_draining_of_a_registry_with_one_place() -> None:
+    with anyio.fail_after(5):
+        turns = TurnRegistry(max_queued=1)
+        assert turns.draining is False
+        async with turns:
+            assert turns.draining is False
+            turns.submit("conv", Job(answer_one))
+            assert turns.draining is False
+            turns.drain()
+            assert turns.draining is True
+            assert turns.statistics().draining
+        assert turns.draining is True
+        other = TurnRegistry(max_queued=1)
+        async with other:
+            assert other.draining is False, "a registry's drain is its own"
+        assert other.draining is True, "leaving the block drains"
+
+
+async def test_replace_queued_at_position_one_of_a_full_queue_of_one() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        async with TurnRegistry(max_queued=1) as turns:
+            running = Job(rec.turn("a", gate))
+            turns.submit("conv", running)
+            old = Job(rec.turn("b"))
+            assert turns.submit("conv", old) == 1
+            with pytest.raises(QueueFullError):
+                turns.submit("conv", Job(rec.turn("x")))
+            new = Job(rec.turn("c"))
+            assert turns.submit("conv", new, "replace_queued") == 1, "the full queue is replaced"
+            assert (old.dropped, old.done) == (True, True)
+            assert turns.waiting("conv") == 1
+            with pytest.raises(QueueFullError):
+                turns.submit("conv", Job(rec.turn("y")))
+            gate.set()
+            await new.wait()
+        assert running.error is None
+        assert rec.log == [f"{w} {n}" for n in "ac" for w in ("start", "end")]
+
+
+# -- statistics --------------------------------------------------------------------------
+
+
+async def test_statistics_count_conversations_running_and_waiting_turns() -> None:
+    with anyio.fail_after(5):
+        gates = {name: anyio.Event() for name in ("a", "x")}
+        rec = Recorder()
+        async with TurnRegistry() as turns:
+            assert turns.statistics() == TurnStatistics(
+                conversations=0, running=0, waiting=0, draining=False
+            )
+            turns.submit("one", Job(rec.turn("a", gates["a"])))
+            turns.submit("one", Job(rec.turn("b")))
+            turns.submit("one", Job(rec.turn("c")))
+            turns.submit("two", Job(Recorder().turn("x", gates["x"])))
+            assert turns.statistics() == TurnStatistics(2, 2, 2, False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(turns.run, "one", rec.turn("dropped"))
+                await wait_all_tasks_blocked()
+                assert turns.statistics().waiting == 3
+                tg.cancel_scope.cancel()
+            assert turns.statistics() == TurnStatistics(2, 2, 3, False), "dropped still waits"
+            turns.submit("two", Job(answer_one), "replace_queued")
+            turns.submit("two", Job(answer_one), "replace_queued")
+            assert turns.statistics().waiting == 4
+            turns.drain()
+            snapshot = turns.statistics()
+            assert snapshot == TurnStatistics(2, 2, 4, True)
+            gates["x"].set()
+            await wait_all_tasks_blocked()
+            assert turns.statistics() == TurnStatistics(1, 1, 3, True)
+            gates["a"].set()
+            assert await turns.wait()
+            assert turns.statistics() == TurnStatistics(0, 0, 0, True)
+            assert snapshot == TurnStatistics(2, 2, 4, True), "a snapshot, not a live view"
+        assert rec.log == [f"{w} {n}" for n in "abc" for w in ("start", "end")]
+
+
+def test_statistics_are_a_frozen_value() -> None:
+    snapshot = TurnRegistry().statistics()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.waiting = 3  # type: ignore[misc]
+    assert snapshot == TurnStatistics(0, 0, 0, False)
+    assert hash(snapshot) == hash(TurnStatistics(0, 0, 0, False))
 
 
 # -- callers that go away ----------------------------------------------------------------
