@@ -860,19 +860,19 @@ async def test_run_with_a_non_callable_changes_nothing() -> None:
 async def test_draining_of_a_registry_with_one_place() -> None:
     with anyio.fail_after(5):
         turns = TurnRegistry(max_queued=1)
-        assert turns.draining is False
+        seen = [turns.draining]
         async with turns:
-            assert turns.draining is False
+            seen.append(turns.draining)
             turns.submit("conv", Job(answer_one))
-            assert turns.draining is False
+            seen.append(turns.draining)
             turns.drain()
-            assert turns.draining is True
-            assert turns.statistics().draining
-        assert turns.draining is True
+            seen += [turns.draining, turns.statistics().draining]
+        seen.append(turns.draining)
+        assert seen == [False, False, False, True, True, True]
         other = TurnRegistry(max_queued=1)
         async with other:
-            assert other.draining is False, "a registry's drain is its own"
-        assert other.draining is True, "leaving the block drains"
+            seen = [other.draining]  # a registry's drain is its own
+        assert [*seen, other.draining] == [False, True], "leaving the block drains"
 
 
 async def test_replace_queued_at_position_one_of_a_full_queue_of_one() -> None:
