@@ -32,7 +32,6 @@ from lovely_coordinator.turns import (
     Job,
     Lease,
     LeaseLostError,
-    LeaseSignal,
     Multitask,
     QueueFullError,
     TurnDropped,
@@ -182,12 +181,7 @@ def test_public_names() -> None:
         "TurnRegistry",
         "TurnStatistics",
     }
-    assert DEFAULT_MAX_QUEUED == 10
     assert get_args(Multitask) == ("enqueue", "reject", "interrupt", "replace_queued")
-
-
-def as_lease_signal(event: anyio.Event) -> LeaseSignal:
-    return event  # mypy --strict checks that an anyio.Event has the shape Lease.lost needs
 
 
 @pytest.mark.parametrize(
@@ -208,11 +202,6 @@ def as_lease_signal(event: anyio.Event) -> LeaseSignal:
 def test_errors_have_their_messages(error: type[CoordinatorError], message: str) -> None:
     assert issubclass(error, CoordinatorError)
     assert str(error()) == message
-
-
-def test_a_job_can_be_built_outside_an_event_loop() -> None:
-    job = Job(forever)
-    assert (job.done, job.dropped, job.error) == (False, False, None)
 
 
 # -- submitting and running --------------------------------------------------------------
