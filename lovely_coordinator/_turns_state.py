@@ -52,9 +52,8 @@ class TurnStatistics:
         conversations: conversations with a running or waiting turn.
         running: turns that have started and are not done: the turn at the head of each
             busy conversation, from its start (lease acquisition included) until it is
-            done (lease release included). Every busy conversation has exactly one, so
-            this equals ``conversations``; both are given so that neither has to be
-            derived from the other.
+            done (lease release included). A busy conversation has exactly one, so today
+            this equals ``conversations``.
         waiting: turns queued behind a running one, dropped ones not yet reached
             included (they hold their place until then), as :meth:`waiting` counts them.
         draining: whether the registry refuses new turns (after ``drain()``, or once

@@ -14,6 +14,14 @@ Double texting follows LangGraph: ``multitask="enqueue"`` (default), ``"reject"`
 ``"interrupt"`` and ``"replace_queued"``; :data:`Multitask` is their ``Literal`` type, for
 code that passes a mode along. A custom :class:`Locker` returns :class:`Lease` objects
 whose ``lost`` has the :class:`LeaseSignal` shape (an :class:`anyio.Event` has it).
+:meth:`TurnRegistry.statistics` returns a :class:`TurnStatistics` snapshot.
+
+A turn's outcome is recorded on its :class:`Job` (``job.result`` or ``job.error``):
+whatever the turn raises, of any kind, fails that turn alone, and a stop that lands while
+it runs (``interrupt``, a lost lease, shutdown) decides its outcome however it then ends.
+Misuse that cannot work (submitting before entering the registry, entering it twice, a
+turn waiting for a later turn of its own conversation) raises
+:class:`~lovely_coordinator.UsageError`.
 """
 
 from ._errors import ConversationBusyError as ConversationBusyError
