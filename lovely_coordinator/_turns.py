@@ -20,7 +20,6 @@ marked done.
 from __future__ import annotations
 
 import contextvars
-import math
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, TypeVar, final
@@ -174,8 +173,13 @@ class TurnRegistry:
                 failed_wait = error
         leaving_by = exc if exc is not None else failed_wait
         if leaving_by is not None:
+            # The turns' scopes are shielded: the registry stops each one itself (and the
+            # turn tasks take no next turn), rather than cancelling the task group.
             self._lifecycle = _CANCELLING
-            task_group.cancel_scope.cancel()
+            for conversation_id in self._table.busy():
+                current = self._table.current(conversation_id)
+                assert current is not None
+                current._interrupt(TurnInterrupted())
         # The turn tasks never raise (a turn's failure is recorded on its job), so the task
         # group only needs to see a cancellation, which may be its own; any other
         # exception from the body propagates as it is, not wrapped in an exception group.
@@ -328,11 +332,17 @@ class TurnRegistry:
     # -- the turn tasks ---------------------------------------------------------------
 
     async def _turn_task(self, conversation_id: str, job: Job[Any], waited: bool) -> None:
-        # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
-        while self._lifecycle == _OPEN:
+        # A registry being left by an exception starts no turn's code: _sweep() ends the
+        # jobs left (refusing the queued ones) once every turn task is over.
+        if self._lifecycle != _OPEN:
+            return
+        while True:
             token = enter_turn(job)
             await self._take_turn(conversation_id, job, waited)
             leave_turn(token)
+            if self._lifecycle != _OPEN:
+                job._finish()
+                return
             next_job = self._advance(conversation_id, job)
             if next_job is None:
                 return
@@ -371,8 +381,8 @@ class TurnRegistry:
         """Take the job's turn, recording its outcome on it (the caller finishes it).
 
         Returns normally however the turn ended, but for ``KeyboardInterrupt`` and
-        ``SystemExit``, and for a cancellation of the registry or of a scope around it,
-        which goes on to that scope once the turn's outcome is recorded.
+        ``SystemExit``. It awaits only inside the turn's shielded scope, so no
+        cancellation but the turn's own stop ever lands in a turn task.
         """
         if self._leases is not None and self._table.draining and not job._stopped:
             # No lease will be acquired, so there is no dequeue to announce.
@@ -391,11 +401,6 @@ class TurnRegistry:
                     await self._leases.take(conversation_id, job, self._table.draining)
         finally:
             job._close_scope()
-        if anyio.current_effective_deadline() == -math.inf:
-            # The registry or a scope around it is cancelling this task. The turn's
-            # outcome is recorded, so let the cancellation (level-triggered) reach its
-            # scope now rather than start the next turn.
-            await anyio.lowlevel.checkpoint()
 
     def _became_idle(self) -> None:
         if self._idle is not None:

@@ -8,9 +8,12 @@ those moves through the job's private methods; the job never looks into the regi
 How a turn ends, the rules :meth:`Job._call` applies when its body ends:
 
 * **The stop decides.** If something stopped the turn while its body ran (an
-  ``interrupt``, a lost lease, the registry or a scope around it cancelling), the turn
-  ends with that stop (:class:`TurnInterrupted` or :class:`LeaseLostError`), however the
-  body then ended: returning a partial result, raising, or catching the cancellation.
+  ``interrupt``, a lost lease, the registry's block left by an exception or a
+  cancellation), the turn ends with that stop (:class:`TurnInterrupted` or
+  :class:`LeaseLostError`), however the body then ended: returning a partial result,
+  raising, or catching the cancellation. The turn's cancel scope is shielded, so these
+  stops, each recorded on the job before its scope is cancelled, are the only
+  cancellations from outside that can reach the body.
 * **Otherwise the body decides**: what it returned, or what it raised, of any kind:
   ``BaseException`` subclasses that frameworks use for aborts, and a cancellation of its
   own (it awaited something another task cancelled) included. Each is recorded on the
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, Literal, TypeVar, cast, final
 
@@ -70,11 +72,6 @@ def failures_of(exc: BaseException) -> BaseException | None:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(cancelled)[1]
     return None if isinstance(exc, cancelled) else exc
-
-
-def _being_cancelled() -> bool:
-    """Whether a cancel scope around the caller (not shielded from it) was cancelled."""
-    return anyio.current_effective_deadline() == -math.inf
 
 
 def _call_back(callback: Callable[..., object] | None, *args: object) -> None:
@@ -174,8 +171,8 @@ class Job(Generic[T]):
         # Where the job was admitted: its registry (identity only) and conversation.
         self._owner: object = None
         self._conversation = ""
-        # The turn's cancel scope while the body may run, and the first reason to stop
-        # it (TurnInterrupted or LeaseLostError), which decides the outcome.
+        # The turn's (shielded) cancel scope while the body may run, and the first
+        # reason to stop it (TurnInterrupted or LeaseLostError), which decides the outcome.
         self._scope: anyio.CancelScope | None = None
         self._stop: CoordinatorError | None = None
         self._body_ended = False
@@ -306,8 +303,14 @@ class Job(Generic[T]):
         return self._stop is not None
 
     def _open_scope(self) -> anyio.CancelScope:
-        """The cancel scope the turn is taken in; :meth:`_interrupt` cancels it."""
-        self._scope = anyio.CancelScope()
+        """The cancel scope the turn is taken in; only :meth:`_interrupt` cancels it.
+
+        Shielded: a cancellation of a scope around the registry never reaches a turn
+        directly, because the registry turns it into a stop of each turn (leaving its
+        block by a cancellation interrupts them). So every stop a turn can see is one
+        recorded in ``_stop``, and any other cancellation out of its body is its own.
+        """
+        self._scope = anyio.CancelScope(shield=True)
         return self._scope
 
     def _close_scope(self) -> None:
@@ -332,12 +335,11 @@ class Job(Generic[T]):
         self._finish()
 
     async def _call(self, fence: int, conversation_id: str) -> None:
-        """Run the body inside ``scope`` and record how the turn ended (module docstring).
+        """Run the body in the turn's scope and record how it ended (module docstring).
 
-        Returns normally however the body ended, except for ``KeyboardInterrupt`` and
-        ``SystemExit``. A cancellation that is not only the turn's own (the registry's,
-        or an enclosing scope's) is level-triggered: the caller's next checkpoint
-        raises it again, bare, for the scope it belongs to.
+        Returns normally however the body ended, the stop's cancellation included (the
+        turn's own scope is the only one it can belong to), except for
+        ``KeyboardInterrupt`` and ``SystemExit``.
         """
         try:
             result = await self._run(fence)
@@ -349,14 +351,14 @@ class Job(Generic[T]):
             self._record_raised(exc, conversation_id)
             return
         self._body_ended = True
-        if self._stop is not None or _being_cancelled():
+        if self._stop is not None:
             self._end_stopped()
         else:
             self._result = result
 
     def _record_raised(self, exc: BaseException, conversation_id: str) -> None:
         failures = failures_of(exc)
-        if self._stop is not None or _being_cancelled():
+        if self._stop is not None:
             self._end_stopped()
             if failures is not None:  # errors beside the cancellation: logged, not lost
                 _log.error(

@@ -10,10 +10,10 @@ read or watched counts as lost. Only ``KeyboardInterrupt`` and ``SystemExit`` pr
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, final
 
 import anyio
+from anyio.abc import TaskGroup
 
 from . import _turns_types
 from ._errors import CoordinationUnavailableError, CoordinatorError, DrainingError, LeaseLostError
@@ -68,7 +68,7 @@ class LeasedTurns:
                 job._lose_lease()
                 return
             async with anyio.create_task_group() as task_group:
-                task_group.start_soon(_cancel_on_loss, lease, job, conversation_id)
+                task_group.start_soon(_cancel_on_loss, lease, job, task_group, conversation_id)
                 await job._call(fence, conversation_id)
                 task_group.cancel_scope.cancel()
         finally:
@@ -84,10 +84,8 @@ class LeasedTurns:
             except BaseException as exc:
                 if is_fatal(exc):
                     raise
-                if job._stopped or (
-                    not acquiring.cancel_called and anyio.current_effective_deadline() == -math.inf
-                ):
-                    job._end_stopped()  # interrupted, or the registry is being cancelled
+                if job._stopped:  # interrupted, or the registry's block was left
+                    job._end_stopped()
                     return None
                 if acquiring.cancel_called:
                     refusal = DrainingError()  # drain() cancelled the acquisition
@@ -105,14 +103,16 @@ class LeasedTurns:
         return None
 
 
-async def _cancel_on_loss(lease: Lease, job: Job[Any], conversation_id: str) -> None:
+async def _cancel_on_loss(
+    lease: Lease, job: Job[Any], watching: TaskGroup, conversation_id: str
+) -> None:
     try:
         await lease.lost.wait()
     except BaseException as exc:
         if is_fatal(exc) or (
-            failures_of(exc) is None and anyio.current_effective_deadline() == -math.inf
+            failures_of(exc) is None and (watching.cancel_scope.cancel_called or job._stopped)
         ):
-            raise  # the watcher's own cancellation, once the turn is over
+            raise  # the watcher's own cancellation: the turn is over, or stopped
         # The lease can no longer be shown to be held: stop the turn as if it was lost.
         _log.error("watching the lease of conversation %r failed", conversation_id, exc_info=exc)
     job._interrupt(LeaseLostError())
