@@ -12,9 +12,9 @@ nor those an earlier turn set. Which job runs next is decided by the
 :class:`~._turns_job.Job`; this module only carries out their decisions.
 
 One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
-locker, :mod:`._turns_lease`), ``job.run(fence)`` inside a cancel scope that
-``interrupt`` and a lost lease cancel, the shielded lease release, and finally the job is
-marked done.
+locker, :mod:`._turns_lease`), ``job.run(fence)`` in the turn's shielded cancel scope,
+which only the turn's stops cancel (``interrupt``, a lost lease, the block left early),
+the shielded lease release, and finally the job is marked done.
 """
 
 from __future__ import annotations
@@ -37,7 +37,13 @@ from ._errors import (
 )
 from ._turns_job import Job, enter_turn, leave_turn, running_turn
 from ._turns_lease import LeasedTurns
-from ._turns_state import Multitask, TurnStatistics, TurnTable, check_multitask
+from ._turns_state import (
+    Multitask,
+    TurnStatistics,
+    TurnTable,
+    check_conversation_id,
+    check_multitask,
+)
 from ._turns_types import DEFAULT_MAX_QUEUED, Locker
 from ._validate import as_seconds
 
@@ -63,17 +69,9 @@ def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
     return len(a) == len(b) and all(b.get(var, _ABSENT) is value for var, value in a.items())
 
 
-def _check_conversation_id(conversation_id: object) -> str:
-    if not isinstance(conversation_id, str):
-        raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
-    if not conversation_id:
-        raise InvalidArgumentError("conversation_id must be a nonempty string")
-    return conversation_id
-
-
 _UNENTERED: Final = 0
 _OPEN: Final = 1
-_CANCELLING: Final = 2  # leaving the block by an exception: the turn tasks are cancelled
+_CANCELLING: Final = 2  # leaving the block by an exception: every turn is stopped
 _CLOSED: Final = 3
 
 
@@ -180,9 +178,10 @@ class TurnRegistry:
                 current = self._table.current(conversation_id)
                 assert current is not None
                 current._interrupt(TurnInterrupted())
-        # The turn tasks never raise (a turn's failure is recorded on its job), so the task
-        # group only needs to see a cancellation, which may be its own; any other
-        # exception from the body propagates as it is, not wrapped in an exception group.
+        # The turn tasks never raise (a turn's failure is recorded on its job; only
+        # KeyboardInterrupt and SystemExit escape), so the task group only needs to see a
+        # cancellation, which may be its own; any other exception from the body propagates
+        # as it is, not wrapped in an exception group.
         cancelled = leaving_by if isinstance(leaving_by, anyio.get_cancelled_exc_class()) else None
         suppressed = False
         try:
@@ -219,7 +218,7 @@ class TurnRegistry:
 
         When it raises, the job is untouched and never runs.
         """
-        conversation_id = _check_conversation_id(conversation_id)
+        conversation_id = check_conversation_id(conversation_id)
         if not isinstance(job, Job):
             raise InvalidArgumentTypeError("job must be a Job")
         if not job._is_new:
@@ -288,7 +287,7 @@ class TurnRegistry:
         Raises:
             InvalidArgumentError: ``conversation_id`` is not a nonempty string.
         """
-        return self._table.waiting(_check_conversation_id(conversation_id))
+        return self._table.waiting(check_conversation_id(conversation_id))
 
     def drain(self) -> None:
         """Refuse new turns with :class:`DrainingError`; idempotent.
@@ -408,7 +407,7 @@ class TurnRegistry:
             self._idle = None
 
     def _sweep(self) -> None:
-        """End every job left after the turn tasks were cancelled (registry shutdown)."""
+        """End every job left once the turn tasks are over (the block was left early)."""
         for conversation_id in self._table.busy():
             current, *pending = self._table.forget(conversation_id)
             current._end_by_shutdown()

@@ -23,7 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, final, get_args
 
-from ._errors import ConversationBusyError, DrainingError, InvalidArgumentError, QueueFullError
+from ._errors import (
+    ConversationBusyError,
+    DrainingError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    QueueFullError,
+)
 from ._validate import as_index
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "Multitask",
     "TurnStatistics",
     "TurnTable",
+    "check_conversation_id",
     "check_max_queued",
     "check_multitask",
 ]
@@ -101,6 +108,15 @@ class _Conversation(Generic[T]):
 def check_max_queued(value: object) -> int:
     """Validate ``max_queued``: an int ≥ 0 by the library's one rule (not ``bool``)."""
     return as_index(value, "max_queued must be a nonnegative integer", minimum=0)
+
+
+def check_conversation_id(value: object) -> str:
+    """Validate a conversation id: a nonempty ``str``."""
+    if not isinstance(value, str):
+        raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
+    if not value:
+        raise InvalidArgumentError("conversation_id must be a nonempty string")
+    return value
 
 
 def check_multitask(value: object) -> Multitask:
