@@ -1145,6 +1145,32 @@ async def test_leaving_the_block_by_cancellation_cancels_the_turns() -> None:
         assert isinstance(running.error, TurnInterrupted)
 
 
+async def test_an_enclosing_cancellation_stops_the_turns_only_through_the_block() -> None:
+    """A scope around the registry stops its turns by making the block leave, never
+    behind the block's back: a block shielded from it keeps its turns running."""
+    with anyio.fail_after(5):
+        rec = Recorder()
+        gate = anyio.Event()
+        running = Job(rec.turn("a", gate))
+        queued = Job(rec.turn("b", anyio.Event()))
+        with anyio.CancelScope() as enclosing:
+            async with TurnRegistry() as turns:
+                turns.submit("conv", running)
+                turns.submit("conv", queued)
+                await wait_all_tasks_blocked()
+                enclosing.cancel()
+                with anyio.CancelScope(shield=True):
+                    await wait_all_tasks_blocked()
+                    assert not running.done, "the turn was not cancelled behind the block"
+                    gate.set()
+                    await running.wait()
+                    assert running.error is None
+                await anyio.sleep_forever()  # the block is cancelled here
+        assert enclosing.cancelled_caught
+        assert isinstance(queued.error, TurnInterrupted), "stopped when the block was left"
+        assert rec.log == ["start a", "end a", "start b", "end b"]
+
+
 async def test_a_cancelled_shutdown_wait_cancels_the_turns() -> None:
     with anyio.fail_after(5):
         running = Job(forever)
