@@ -125,7 +125,8 @@ class Job(Generic[T]):
         InvalidArgumentTypeError: ``run`` is not callable, or a callback is neither
             callable nor None.
 
-    Exceptions raised by the callbacks are logged and otherwise ignored.
+    Exceptions raised by the callbacks, of any kind, are logged and otherwise ignored
+    (``KeyboardInterrupt`` and ``SystemExit`` propagate, as from a turn).
     """
 
     # A job's completion is a broadcast to any number of waiters (its run() caller, a
