@@ -234,10 +234,6 @@ class Job(Generic[T]):
     def _is_new(self) -> bool:
         return self._phase == _NEW
 
-    @property
-    def _is_queued(self) -> bool:
-        return self._phase == _QUEUED
-
     def _is_turn_of(self, owner: object, conversation_id: str) -> bool:
         """Whether this job's turn is being taken in that registry's conversation."""
         return (
@@ -316,9 +312,6 @@ class Job(Generic[T]):
 
     def _close_scope(self) -> None:
         self._scope = None
-        if not self._body_ended and self._error is None:
-            # Stopped before the body began (while the lease was being acquired).
-            self._end_stopped()
 
     def _end_stopped(self) -> None:
         """The turn ends by its stop, or by the registry's (or a scope's) cancellation."""

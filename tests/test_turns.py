@@ -1132,6 +1132,46 @@ async def test_leaving_the_block_by_an_exception_cancels_the_turns() -> None:
         assert not turns._table
 
 
+async def test_leaving_the_block_before_a_turns_task_ran_never_runs_it() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        started = Job(rec.turn("a"))
+
+        async def body() -> None:
+            async with TurnRegistry() as turns:
+                assert turns.submit("conv", started) == 0  # its task has not run yet
+                raise KeyError("at once")
+
+        with pytest.raises(KeyError):
+            await body()
+        assert started.done
+        assert isinstance(started.error, TurnInterrupted)
+        assert rec.log == []
+
+
+async def test_a_dropped_job_still_queued_at_shutdown_is_done_without_a_refusal() -> None:
+    with anyio.fail_after(5):
+        rec = Recorder()
+        dropped: list[Job[object]] = []
+
+        async def body() -> None:
+            async with TurnRegistry() as turns:
+                turns.submit("conv", Job(forever))
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(turns.run, "conv", rec.turn("never"))
+                    await wait_all_tasks_blocked()
+                    tg.cancel_scope.cancel()
+                (job,) = turns._table.pending("conv")
+                dropped.append(job)
+                raise KeyError("leaving")
+
+        with pytest.raises(KeyError):
+            await body()
+        (job,) = dropped
+        assert (job.done, job.dropped, job.error) == (True, True, None)
+        assert rec.log == []
+
+
 async def test_leaving_the_block_by_cancellation_cancels_the_turns() -> None:
     with anyio.fail_after(5):
         running = Job(forever)

@@ -305,13 +305,19 @@ async def test_system_exit_and_keyboard_interrupt_are_recorded_then_end_the_regi
         async def stops_the_program(fence: int) -> None:
             raise stop
 
+        def stops_the_program_at_dequeue() -> None:
+            raise stop
+
         other = Job(forever)
         victim = Job(stops_the_program)
+        queued = Job(answer, on_dequeue=stops_the_program_at_dequeue)
 
         async def serve() -> None:
             async with TurnRegistry() as turns:
                 turns.submit("other", other)
-                turns.submit("conv", victim)
+                turns.submit("conv", Job(answer))
+                turns.submit("conv", queued)
+                turns.submit("third", victim)
                 await anyio.sleep_forever()
 
         with pytest.raises(BaseExceptionGroup) as info:
@@ -319,6 +325,8 @@ async def test_system_exit_and_keyboard_interrupt_are_recorded_then_end_the_regi
         assert info.group_contains(type(stop))
         assert victim.error is stop
         assert isinstance(other.error, TurnInterrupted)
+        assert queued.done, "its callback ended the registry before its turn"
+        assert queued.result is None
 
 
 # -- the helpers the rules are made of -----------------------------------------------------

@@ -13,6 +13,7 @@ from anyio import wait_all_tasks_blocked
 
 from lovely_coordinator.turns import (
     CoordinationUnavailableError,
+    DrainingError,
     Job,
     LeaseLostError,
     LeaseSignal,
@@ -210,3 +211,46 @@ async def test_a_lease_that_cannot_be_read_counts_as_lost(
         assert ran == [], "the turn never ran"
         assert locker.leases[0].released
         assert logged(caplog, "the lease of conversation 'conv' cannot be read") == [unreadable]
+
+
+async def test_on_dequeue_that_drains_refuses_its_turn_without_a_lease() -> None:
+    with anyio.fail_after(5):
+        locker = Locker()
+        refusals: list[BaseException] = []
+        async with TurnRegistry(locker=locker) as turns:
+            gate = anyio.Event()
+
+            async def gated(fence: int) -> None:
+                await gate.wait()
+
+            turns.submit("conv", Job(gated))
+            job = Job(fence_of, on_dequeue=turns.drain, on_refused=refusals.append)
+            turns.submit("conv", job)
+            gate.set()
+            await job.wait()
+        assert isinstance(job.error, DrainingError)
+        assert refusals == [job.error]
+        assert len(locker.leases) == 1, "no lease was acquired for the refused turn"
+
+
+# trio only: asyncio re-raises KeyboardInterrupt and SystemExit from any task straight out
+# of the event loop, which is also what they do here.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("where", ["acquire", "release"])
+async def test_system_exit_from_the_locker_or_the_lease_ends_the_registry(where: str) -> None:
+    with anyio.fail_after(5):
+        stop = SystemExit(4)
+        locker = Locker(**{f"{where}_fails_with": stop})
+        job = Job(fence_of)
+
+        async def serve() -> None:
+            async with TurnRegistry(locker=locker) as turns:
+                turns.submit("conv", job)
+                await anyio.sleep_forever()
+
+        with pytest.raises(BaseExceptionGroup) as info:
+            await serve()
+        assert info.group_contains(SystemExit)
+        assert job.done
+        if where == "release":
+            assert job.result == 1, "the turn itself had succeeded"
