@@ -76,7 +76,7 @@ __all__ = [
     "UsageError",
 ]
 
-ERRORS_VERSION: Final = 2
+ERRORS_VERSION: Final = 3
 """The shape of this tree (names, bases, constructors). Bumped whenever any of it changes."""
 
 SENTINEL_KEY: Final = "__lovely_coordinator_process_global_errors__"
