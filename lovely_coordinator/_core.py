@@ -144,13 +144,22 @@ class CoordinatorCore:
         reject: bool,
         tokens: int,
         cover: PermitTicket | None,
-        parker: Parker[bool],
-    ) -> RequestTicket:
+    ) -> tuple[RequestTicket, Parker[bool] | None]:
+        """A request's ticket, and the parker to wait on unless it was granted at once."""
         with self._lock:
-            self._follow()
-            ticket = self._scheduler.enqueue_request(t, order, reject, tokens, cover)
+            scheduler = self._scheduler
+            if scheduler._wakeups:
+                self._follow()
+            else:
+                state = scheduler._tuples.get(t)
+                if state is not None and state.budgeted:
+                    self._follow()  # budgets read the clock: it must be this loop's
+            ticket = scheduler.enqueue_request(t, order, reject, tokens, cover)
+            if ticket.state == GRANTED:
+                return ticket, None
+            parker: Parker[bool] = Parker()
             self._attach_locked(ticket, parker)
-            return ticket
+            return ticket, parker
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:

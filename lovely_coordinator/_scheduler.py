@@ -244,6 +244,23 @@ class Scheduler(Lending):
         state = self._admit(model_tuple, reject)
         if cover is not None and cover.state == DONE:
             cover = None  # a released permit covers nothing
+        if (
+            cover is None
+            and self.active < self.limit
+            and not self._ready
+            and not self._bypass
+            and state.admits
+            and (not state.budgeted or self._would_run(state, order, tokens, None))
+        ):
+            # The uncontended path: with both heaps empty nobody else may run, so it is
+            # the best waiter there is; granted at once, it never queues.
+            ticket = RequestTicket(*self._order(order), state, reject, tokens)
+            ticket.state = GRANTED
+            self.active += 1
+            state.active += 1
+            self._draw(state, ticket)
+            self._changed()
+            return ticket
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
         if self.max_queued is not None:
             self._busy(state, self._would_run(state, order, tokens, cover if covered else None))
