@@ -51,7 +51,8 @@ class CoordinatedModel(WrapperModel):
         wrapped: the model (or a model name pydantic-ai can infer).
         coordinator: defaults to the process-global ``get_agent_coordinator()``.
         tuple: the model tuple; defaults to :func:`tuple_of` the wrapped model.
-        handler: the limit handler; defaults to a new one for ``coordinator``.
+        handler: the limit handler; defaults to the coordinator's shared one
+            (``ProviderLimitHandler.for_coordinator``), which every extension uses.
         reject_on_closed_tuple: fail with ``TupleSuspendedError`` rather than wait while
             the tuple is closed.
     """
@@ -73,7 +74,11 @@ class CoordinatedModel(WrapperModel):
         super().__init__(wrapped)
         self.coordinator = coordinator if coordinator is not None else get_agent_coordinator()
         self.tuple = as_model_tuple(tuple) if tuple is not None else tuple_of(self.wrapped)
-        self.handler = handler if handler is not None else ProviderLimitHandler(self.coordinator)
+        self.handler = (
+            handler
+            if handler is not None
+            else ProviderLimitHandler.for_coordinator(self.coordinator)
+        )
         self.reject_on_closed_tuple = reject_on_closed_tuple
 
     async def request(
