@@ -23,6 +23,9 @@ from anyio import wait_all_tasks_blocked
 from trio.testing import MockClock
 
 from lovely_coordinator import (
+    AGENT_COORDINATOR_VERSION,
+    AgentCoordinator,
+    AgentPermit,
     CoordinatorConfig,
     CoordinatorError,
     CoordinatorStatistics,
@@ -33,11 +36,6 @@ from lovely_coordinator import (
     ReservationUsedError,
     TupleStatistics,
     TupleSuspendedError,
-)
-from lovely_coordinator._coordinator import (
-    AGENT_COORDINATOR_VERSION,
-    AgentCoordinator,
-    AgentPermit,
     create_agent_coordinator,
     current_permit,
 )
@@ -679,12 +677,24 @@ async def test_close_tuple_reopens_after_short_real_delay() -> None:
         assert_idle(coord)
 
 
-def test_close_tuple_with_delay_needs_an_event_loop() -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_timed_closure_outside_any_loop_reopens_on_the_next_loop(backend: str) -> None:
     coord = create_agent_coordinator()
-    with pytest.raises(InvalidArgumentError, match=r"^reopen_after needs a running event loop$"):
-        coord.close_tuple(T, reopen_after=1)
+    coord.close_tuple(T, reopen_after=0.05)  # no event loop: time is real time
+    assert not coord.is_tuple_open(T)
+    remaining = coord.tuple_reopens_at(T)
+    assert remaining is not None
+
+    async def main() -> float:
+        with anyio.fail_after(5):
+            start = anyio.current_time()
+            async with coord.permit(T):  # the loop adopts the closure and its timer
+                return anyio.current_time() - start
+
+    waited = anyio.run(main, backend=backend)
+    assert 0 <= waited <= 0.05 + 1
     assert coord.is_tuple_open(T)
-    coord.close_tuple(T)  # without a delay, no loop is needed
+    coord.close_tuple(T)  # without a delay, no loop is needed either
     assert not coord.is_tuple_open(T)
 
 
