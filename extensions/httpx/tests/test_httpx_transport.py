@@ -46,9 +46,15 @@ openai_sse_on_trio = pytest.mark.filterwarnings(
 def _transport(
     coordinator: AgentCoordinator, *, backoff: Backoff | None = None, reject: bool = False
 ) -> CoordinatedTransport:
+    # One attempt: these tests look at what a single limit does to the gate, so the 429
+    # must reach the caller; the transport's retries are tested in test_httpx_gate.
     handler = ProviderLimitHandler(coordinator, backoff=backoff)
     return CoordinatedTransport(
-        coordinator, handler=handler, providers=PROVIDERS, reject_on_closed_tuple=reject
+        coordinator,
+        handler=handler,
+        providers=PROVIDERS,
+        reject_on_closed_tuple=reject,
+        max_attempts=1,
     )
 
 

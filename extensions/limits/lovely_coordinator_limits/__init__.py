@@ -21,6 +21,8 @@ from ._delay import parse_duration as parse_duration
 from ._delay import parse_retry_after as parse_retry_after
 from ._delay import parse_timestamp as parse_timestamp
 from ._delay import retry_delay as retry_delay
+from ._draw import Draw as Draw
+from ._draw import ModelRequestLike as ModelRequestLike
 from ._estimate import CHARS_PER_TOKEN as CHARS_PER_TOKEN
 from ._estimate import Tokenizer as Tokenizer
 from ._estimate import estimate_tokens as estimate_tokens
@@ -43,8 +45,10 @@ from ._usage import usage_from_json as usage_from_json
 __all__ = [
     "Backoff",
     "CHARS_PER_TOKEN",
+    "Draw",
     "Limit",
     "LimitState",
+    "ModelRequestLike",
     "ModelTupleLike",
     "ProviderLimitHandler",
     "RateLimits",

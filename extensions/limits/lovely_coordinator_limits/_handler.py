@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from random import Random
 from typing import ClassVar, final
@@ -24,6 +24,9 @@ from ._backoff import Backoff
 from ._breaker import Breaker, Close
 from ._classify import is_provider_limit
 from ._delay import retry_delay
+from ._draw import Draw, ModelRequestLike
+from ._learn import BudgetLearner
+from ._ratelimit import rate_limits_from_headers
 from ._tuples import ModelTupleLike, as_model_tuple
 
 __all__ = ["LimitState", "ProviderLimitHandler"]
@@ -75,6 +78,12 @@ class ProviderLimitHandler:
     request. All methods are synchronous and must be called from the coordinator's event
     loop thread.
 
+    It also learns budgets: integrations :meth:`track` each request the coordinator
+    admits and hand each response's headers to :meth:`learn`, which sets the tuple's
+    budget from the provider's announced limits (this process's share of them, see
+    ``_share``) unless the user set one, and lowers what is available to what the
+    provider says remains (``coordinator.learn_budget``).
+
     Use one handler per coordinator: :meth:`for_coordinator` returns the shared one, which
     every first-party extension uses unless given another. Two handlers closing and
     capping the same tuples would each restore a cap the other had lowered, or never.
@@ -98,6 +107,10 @@ class ProviderLimitHandler:
     ) -> None:
         self._coordinator_ref: Callable[[], AgentCoordinator | None] = lambda: coordinator
         self._breaker = Breaker(backoff or Backoff(), rng or Random())
+        self._learners: dict[ModelTuple, BudgetLearner] = {}
+        # Invariant: one entry per tracked request that its owner has not finished, keyed
+        # by identity (the draw holds the request, so its id cannot be reused meanwhile).
+        self._draws: dict[int, Draw] = {}
 
     _shared: ClassVar[weakref.WeakKeyDictionary[AgentCoordinator, ProviderLimitHandler]] = (
         weakref.WeakKeyDictionary()
@@ -228,6 +241,69 @@ class ProviderLimitHandler:
         else:
             _log.debug("%s recovering: cap raised to %d", _name(t), restore.limit)
 
+    def track(self, request: ModelRequestLike, /) -> tuple[Draw, bool]:
+        """Track a request the coordinator admitted, or find the draw a layer above made.
+
+        Args:
+            request: what ``coordinator.request()`` returned.
+
+        Returns:
+            The request's :class:`Draw`, and whether this call made it. The caller that
+            made it *owns* the call: it alone retries it after a limit, and it calls
+            :meth:`finish` when the call is over. A layer that finds the draw of another
+            (its ``request()`` joined an enclosing one) settles and learns through it but
+            leaves retries to the owner.
+        """
+        found = self._draws.get(id(request))
+        if found is not None and found.request is request:
+            return found, False
+        learner = self._learners.get(request.tuple)
+        if learner is None:
+            learner = self._learners[request.tuple] = BudgetLearner()
+        draw = Draw(request, learner, anyio.current_time())
+        self._draws[id(request)] = draw
+        return draw, True
+
+    def finish(self, draw: Draw, /) -> None:
+        """Stop tracking ``draw``'s request (its owner's call is over). Idempotent."""
+        key = id(draw.request)
+        if self._draws.get(key) is draw:
+            del self._draws[key]
+
+    def learn(self, draw: Draw, headers: Mapping[str, str], /) -> None:
+        """Learn the tuple's budget from the rate-limit headers of a response to ``draw``.
+
+        Does nothing when the headers report no limits.
+        """
+        limits = rate_limits_from_headers(headers)
+        if limits.empty:
+            return
+        t = draw.tuple
+        coordinator = self.coordinator
+        entry = next((e for e in coordinator.statistics().tuples if e.tuple == t), None)
+        available = (
+            (None, None) if entry is None else (entry.requests_available, entry.tokens_available)
+        )
+        learner = self._learners[t]
+        learned = learner.learn(limits, draw.marks, at=anyio.current_time(), available=available)
+        if learned.empty:
+            return
+        coordinator.learn_budget(
+            t,
+            requests_per_minute=learned.requests_per_minute,
+            tokens_per_minute=learned.tokens_per_minute,
+            requests_remaining=learned.requests_remaining,
+            tokens_remaining=learned.tokens_remaining,
+        )
+        if not learner.announced:
+            learner.announced = True
+            _log.info(
+                "%s budget learned from the provider's headers: %s requests, %s tokens a minute",
+                _name(t),
+                _format_limit(limits.requests.per_minute if limits.requests else None),
+                _format_limit(limits.tokens.per_minute if limits.tokens else None),
+            )
+
     def state(self, t: ModelTupleLike, /) -> LimitState | None:
         """The tuple's open limit episode, or ``None`` when it has none."""
         t = as_model_tuple(t)
@@ -262,6 +338,10 @@ class ProviderLimitHandler:
                 limit: int | None = entry.limit
                 return limit
         return None
+
+
+def _format_limit(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
 
 
 def _name(t: ModelTuple) -> str:

@@ -14,7 +14,8 @@ Lowering to what remains only ever lowers, so without the nudge every cautious m
 (a share estimated too small, a request counted twice) would leave provider quota unused
 for good; with it, the processes together drain the bucket down to the reserve, which
 then absorbs the jitter of concurrent requests instead of a 429. The nudge is bounded
-(:data:`NUDGE`) and vanishes when the bucket sits at the reserve.
+(:data:`NUDGE`) and vanishes when the bucket sits at the reserve. How the rate and the
+allowance reach the coordinator's bucket: see :class:`Dimension`.
 
 Pure: the caller passes the clock and the marks.
 """
@@ -27,7 +28,7 @@ from typing import final
 from ._ratelimit import Limit, RateLimits
 from ._share import ShareEstimator
 
-__all__ = ["GAIN", "NUDGE", "RESERVE", "BudgetLearner", "Learned", "Marks"]
+__all__ = ["GAIN", "NUDGE", "RESERVE", "BudgetLearner", "Dimension", "Learned", "Marks"]
 
 RESERVE = 0.1
 """The part of the provider's bucket the learned rate steers towards keeping."""
@@ -68,49 +69,139 @@ class Learned:
 
 
 @final
+class Dimension:
+    """One budget dimension (requests or tokens) of one tuple, as this process sees it.
+
+    Besides the share estimate it keeps this process's *allowance*: what it may still
+    spend if it refills at its share of the provider's rate (nudged towards the reserve),
+    drawn down by every draw at once, and never above its share of what the provider says
+    remains (less what it drew since). Each observation lowers the coordinator's bucket to
+    the allowance and moves the bucket's rate towards the share.
+
+    Moving the rate is careful, because a coordinator budget keeps what was *spent* when
+    its per-minute amount changes: what is available moves by the change. A higher rate
+    therefore comes with the available amount restated (lowered back to what it was, or
+    to the allowance); a lower one only as far as the lowering to the allowance absorbs
+    (a cut deeper than that would leave a debt that takes the new, lower rate a long
+    while to repay). The allowance keeps the process at its share meanwhile.
+    """
+
+    def __init__(self, *, window: float, smoothing: float) -> None:
+        self._estimator = ShareEstimator(window=window, smoothing=smoothing)
+        # Invariants: level and stamp are None until the first observation; rate is the
+        # per-minute amount last learned (None before).
+        self._level: float | None = None
+        self._stamp: float | None = None
+        self._rate: float | None = None
+
+    @property
+    def share(self) -> float:
+        """This process's estimated share of the provider's budget."""
+        return self._estimator.share
+
+    @property
+    def drawn(self) -> float:
+        """Everything this process has drawn so far."""
+        return self._estimator.drawn
+
+    @property
+    def allowance(self) -> float | None:
+        """What this process may still spend, as of the last observation and draws since."""
+        return self._level
+
+    def draw(self, amount: float) -> float:
+        """Record a draw; returns its mark."""
+        if self._level is not None:
+            self._level -= amount
+        return self._estimator.draw(amount)
+
+    def adjust(self, delta: float) -> None:
+        """Correct what was drawn (usage settled, or refused by the provider)."""
+        if self._level is not None:
+            self._level -= delta
+        self._estimator.adjust(delta)
+
+    def observe(
+        self, limit: Limit, mark: float, at: float, available: float | None
+    ) -> tuple[float | None, float | None]:
+        """The per-minute rate and remaining amount to learn from one response's ``limit``.
+
+        ``available`` is what the coordinator's bucket holds now (``None``: no budget).
+        """
+        per_minute = limit.per_minute
+        if limit.remaining is None:
+            # A limit alone: a budget at it, once (the share needs remaining amounts).
+            if self._rate is not None or per_minute is None:
+                return None, None
+            self._rate = per_minute
+            return per_minute, None
+        if per_minute is None:
+            # No rate to reason with: what remains, less what was drawn since, is all.
+            return None, max(0.0, limit.remaining - max(0.0, self.drawn - mark))
+        left = self._estimator.observe(
+            at=at, remaining=limit.remaining, per_minute=per_minute, reset=limit.reset, mark=mark
+        )
+        desired = per_minute * self._estimator.share * _nudge(limit, per_minute)
+        if self._level is None or self._stamp is None:
+            allowance = left
+        else:
+            grown = self._level + desired / 60.0 * max(0.0, at - self._stamp)
+            allowance = min(grown, left)
+        self._level, self._stamp = allowance, at
+        old = self._rate
+        if old is None or available is None:
+            rate, remaining = desired, allowance
+        elif desired >= old:
+            rate, remaining = desired, min(allowance, available)
+        else:
+            rate, remaining = max(desired, old - max(0.0, available - allowance)), allowance
+        self._rate = rate
+        return rate, max(0.0, remaining)
+
+
+def _nudge(limit: Limit, per_minute: float) -> float:
+    if limit.remaining is None or limit.reset is None:
+        return 1.0
+    capacity = limit.remaining + limit.reset * per_minute / 60.0
+    if capacity <= 0:
+        return 1.0
+    fill = limit.remaining / capacity
+    return min(NUDGE[1], max(NUDGE[0], 1.0 + GAIN * (fill - RESERVE)))
+
+
+@final
 class BudgetLearner:
-    """One tuple's learned budget: a share estimate per dimension (see ``_share``)."""
+    """One tuple's learned budget: a :class:`Dimension` each for requests and tokens."""
 
     def __init__(self, *, window: float = 1.0, smoothing: float = 0.5) -> None:
-        self.requests = ShareEstimator(window=window, smoothing=smoothing)
-        self.tokens = ShareEstimator(window=window, smoothing=smoothing)
+        self.requests = Dimension(window=window, smoothing=smoothing)
+        self.tokens = Dimension(window=window, smoothing=smoothing)
+        self.announced = False  # whether the handler has logged the first learned budget
 
     def draw(self, tokens: int) -> Marks:
         """Record one admitted request charging ``tokens``; returns its marks."""
         return Marks(self.requests.draw(1), self.tokens.draw(tokens))
 
-    def learn(self, limits: RateLimits, marks: Marks, *, at: float) -> Learned:
-        """What one response (to the request with ``marks``) teaches about the budget."""
-        rpm, requests_left = _dimension(self.requests, limits.requests, marks.requests, at)
-        tpm, tokens_left = _dimension(self.tokens, limits.tokens, marks.tokens, at)
+    def learn(
+        self,
+        limits: RateLimits,
+        marks: Marks,
+        *,
+        at: float,
+        available: tuple[float | None, float | None] = (None, None),
+    ) -> Learned:
+        """What one response (to the request with ``marks``) teaches about the budget.
+
+        ``available`` is what the coordinator's buckets hold now (requests, tokens).
+        """
+        rpm, requests_left = (
+            self.requests.observe(limits.requests, marks.requests, at, available[0])
+            if limits.requests is not None
+            else (None, None)
+        )
+        tpm, tokens_left = (
+            self.tokens.observe(limits.tokens, marks.tokens, at, available[1])
+            if limits.tokens is not None
+            else (None, None)
+        )
         return Learned(rpm, tpm, requests_left, tokens_left)
-
-
-def _dimension(
-    estimator: ShareEstimator, limit: Limit | None, mark: float, at: float
-) -> tuple[float | None, float | None]:
-    if limit is None:
-        return None, None
-    per_minute = limit.per_minute
-    remaining: float | None = None
-    if limit.remaining is not None:
-        if per_minute is not None:
-            remaining = estimator.observe(
-                at=at,
-                remaining=limit.remaining,
-                per_minute=per_minute,
-                reset=limit.reset,
-                mark=mark,
-            )
-        else:
-            # No rate to reason with: what remains, less what was drawn since, is all.
-            remaining = max(0.0, limit.remaining - max(0.0, estimator.drawn - mark))
-    if per_minute is None:
-        return None, remaining
-    rate = per_minute * estimator.share
-    if limit.remaining is not None and limit.reset is not None:
-        capacity = limit.remaining + limit.reset * per_minute / 60.0
-        if capacity > 0:
-            fill = limit.remaining / capacity
-            rate *= min(NUDGE[1], max(NUDGE[0], 1.0 + GAIN * (fill - RESERVE)))
-    return rate, remaining

@@ -1,22 +1,24 @@
 """The budget learner: headers to learn_budget arguments, and processes sharing one quota.
 
 The convergence tests simulate, on a virtual clock, a provider bucket (a ten-second window
-of its announced per-minute limit, as providers enforce) that several processes draw from,
-each holding the budget its learner asks for, as ``coordinator.learn_budget`` applies it:
-the learned rate, and what is available lowered (never raised) to what the learner says is
-left. The provider admits each tick's requests in random order, as concurrent requests
-arrive, and answers after a jittered latency with its remaining amount at admission.
+of its announced per-minute limit, as providers enforce) that several processes draw from.
+Each holds the budget its learner asks for in the coordinator's own bucket arithmetic
+(``lovely_coordinator._bucket``: a new rate keeps what was spent; what remains only ever
+lowers what is available), as ``coordinator.learn_budget`` applies it. The provider admits
+each tick's requests in random order, as concurrent requests arrive, and answers after a
+jittered latency with its remaining amount at admission.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from random import Random
 
 import pytest
 from lovely_coordinator_limits import Limit, RateLimits
 from lovely_coordinator_limits._learn import GAIN, NUDGE, RESERVE, BudgetLearner, Learned, Marks
+
+from lovely_coordinator._bucket import Bucket
 
 
 def test_nothing_reported_nothing_learned() -> None:
@@ -67,62 +69,63 @@ COST = 1_000.0  # tokens a request
 PER_MINUTE = 480_000.0
 RATE = PER_MINUTE / 60  # the provider refills 8,000 tokens a second
 CAPACITY = RATE * 10  # and holds ten seconds of it
-CAP = 16  # requests in flight per process (its coordinator's concurrency cap)
+CAP = 8  # requests in flight per process (its coordinator's concurrency cap)
 
 
 @dataclass
 class Process:
     learner: BudgetLearner = field(default_factory=BudgetLearner)
-    rate: float | None = None  # the learned budget, per second; None before the first answer
-    available: float = 0.0
+    bucket: Bucket | None = None  # the coordinator's token budget, once learned
     in_flight: list[tuple[float, Marks, float]] = field(default_factory=list)
     sent: int = 0
     refused: int = 0
     served: int = 0
 
+    def learn(self, remaining: float, marks: Marks, now: float) -> None:
+        limits = RateLimits(None, Limit(PER_MINUTE, remaining, (CAPACITY - remaining) / RATE))
+        available = None if self.bucket is None else self.bucket.available(now)
+        learned = self.learner.learn(limits, marks, at=now, available=(None, available))
+        # What coordinator.learn_budget does with it, with the coordinator's own bucket.
+        rate, left = learned.tokens_per_minute, learned.tokens_remaining
+        assert rate is not None
+        assert left is not None
+        if self.bucket is None:
+            self.bucket = Bucket(rate, now)
+        else:
+            self.bucket.resize(rate, now)
+        self.bucket.lower_to(left, now)
 
-def _limits(remaining: float) -> RateLimits:
-    return RateLimits(None, Limit(PER_MINUTE, remaining, (CAPACITY - remaining) / RATE))
 
-
-def _simulate(processes: int, seconds: float, *, seed: int, latency: float = 0.2) -> list[Process]:
+def _simulate(processes: int, seconds: float, *, seed: int, latency: float = 0.5) -> list[Process]:
     rng = Random(seed)
     fleet = [Process() for _ in range(processes)]
-    bucket = CAPACITY
+    provider = CAPACITY
     for tick in range(round(seconds / STEP)):
         now = tick * STEP
-        bucket = min(CAPACITY, bucket + RATE * STEP)
-        sends: deque[tuple[Process, Marks]] = deque()
+        provider = min(CAPACITY, provider + RATE * STEP)
+        sends: list[tuple[Process, Marks]] = []
         for process in fleet:
-            if process.rate is not None:
-                process.available = min(process.rate * 60, process.available + process.rate * STEP)
-            due = [entry for entry in process.in_flight if entry[0] <= now]
-            process.in_flight = [entry for entry in process.in_flight if entry[0] > now]
-            for _, marks, remaining in sorted(due, key=lambda entry: entry[0]):
-                learned = process.learner.learn(_limits(remaining), marks, at=now)
-                assert learned.tokens_per_minute is not None
-                assert learned.tokens_remaining is not None
-                if process.rate is None:
-                    process.available = learned.tokens_per_minute  # a new budget starts full
-                process.rate = learned.tokens_per_minute / 60
-                process.available = min(
-                    process.available, process.rate * 60, learned.tokens_remaining
-                )
+            due = sorted((e for e in process.in_flight if e[0] <= now), key=lambda e: e[0])
+            process.in_flight = [e for e in process.in_flight if e[0] > now]
+            for _, marks, remaining in due:
+                process.learn(remaining, marks, now)
+            # Before its first answer a process knows no budget: only its cap holds it.
             while len(process.in_flight) + sum(s[0] is process for s in sends) < CAP and (
-                process.rate is None or process.available >= COST
+                process.bucket is None or process.bucket.holds(COST, now)
             ):
-                process.available -= COST
+                if process.bucket is not None:
+                    process.bucket.draw(COST, now)
                 sends.append((process, process.learner.draw(int(COST))))
-        for process, marks in rng.sample(list(sends), len(sends)):
+        for process, marks in rng.sample(sends, len(sends)):
             process.sent += 1
-            if bucket >= COST:
-                bucket -= COST
+            if provider >= COST:
+                provider -= COST
                 process.served += 1
             else:
                 process.refused += 1
                 process.learner.tokens.adjust(-COST)  # the provider did not count it
             answer = now + latency * rng.uniform(0.5, 1.5)
-            process.in_flight.append((answer, marks, bucket))
+            process.in_flight.append((answer, marks, provider))
     return fleet
 
 
@@ -138,5 +141,27 @@ def test_processes_share_one_quota(processes: int, seed: int) -> None:
     # 3 processes <= 5% and >= 85%.
     assert refused / sent <= (0.01 if processes == 1 else 0.05)
     assert served >= (0.90 if processes == 1 else 0.85) * (CAPACITY + RATE * seconds)
-    shares = [p.learner.tokens.share for p in fleet]
-    assert sum(shares) == pytest.approx(1.0, abs=0.35)
+
+
+def test_a_new_rate_never_moves_what_is_available_up_nor_into_debt() -> None:
+    """A coordinator budget keeps what was spent when its rate changes; the learner restates
+    what is available on a raise and cuts the rate only as far as its lowering absorbs."""
+    learner = BudgetLearner()
+    full = Limit(600.0, 100.0, 0.0)  # a provider bucket of 100 (10 s), full: nudged to 1.5
+    first = learner.learn(RateLimits(full, None), learner.draw(0), at=0.0)
+    assert first.requests_per_minute == pytest.approx(900.0)
+    # Emptier now (a lower rate is wanted), and 50 are available: the cut is limited to
+    # what lowering to the allowance takes anyway.
+    marks = learner.draw(0)
+    emptier = learner.learn(
+        RateLimits(Limit(600.0, 10.0, 9.0), None), marks, at=0.1, available=(50.0, None)
+    )
+    assert emptier.requests_remaining is not None
+    assert emptier.requests_per_minute == pytest.approx(900.0 - (50.0 - emptier.requests_remaining))
+    # Fuller again (a higher rate): what is available is restated, never raised.
+    fuller = learner.learn(RateLimits(full, None), learner.draw(0), at=0.2, available=(3.0, None))
+    assert fuller.requests_per_minute is not None
+    assert emptier.requests_per_minute is not None
+    assert fuller.requests_per_minute > emptier.requests_per_minute
+    assert fuller.requests_remaining is not None
+    assert fuller.requests_remaining <= 3.0

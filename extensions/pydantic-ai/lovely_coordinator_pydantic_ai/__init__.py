@@ -14,6 +14,7 @@ from ._errors import ChildStoppedError as ChildStoppedError
 from ._errors import SpawnRefusedError as SpawnRefusedError
 from ._errors import SubAgentError as SubAgentError
 from ._model import CoordinatedModel as CoordinatedModel
+from ._model import estimate_request as estimate_request
 from ._model import tuple_of as tuple_of
 from ._tree import AgentTree as AgentTree
 from ._tree import current_session as current_session
@@ -27,5 +28,6 @@ __all__ = [
     "SpawnRefusedError",
     "SubAgentError",
     "current_session",
+    "estimate_request",
     "tuple_of",
 ]

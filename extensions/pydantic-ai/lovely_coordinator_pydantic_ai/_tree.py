@@ -52,9 +52,9 @@ from lovely_coordinator import (
     ModelTuple,
     ParentNotification,
     SessionContext,
+    UsageError,
     get_agent_coordinator,
 )
-from lovely_coordinator._errors import UsageError
 
 from ._child import ChildAgent, RunOptions
 from ._errors import SpawnRefusedError
@@ -155,10 +155,22 @@ class AgentTree:
         task_group.cancel_scope.cancel()
         await task_group.__aexit__(None, None, None)
 
-    def wrap(self, model: Model, *, tuple: ModelTupleLike | None = None) -> CoordinatedModel:
+    def wrap(
+        self,
+        model: Model,
+        *,
+        tuple: ModelTupleLike | None = None,
+        reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+    ) -> CoordinatedModel:
         """``model`` as a :class:`CoordinatedModel` on this tree's coordinator and handler."""
         return CoordinatedModel(
-            model, coordinator=self.coordinator, tuple=tuple, handler=self.handler
+            model,
+            coordinator=self.coordinator,
+            tuple=tuple,
+            handler=self.handler,
+            reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
         )
 
     def children(self) -> Sequence[ChildAgent[Any]]:

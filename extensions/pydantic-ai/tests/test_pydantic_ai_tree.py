@@ -1,6 +1,7 @@
 """AgentTree: sub-agents with depth limits, permit lending, notification routes and residents.
 
-Real pydantic-ai agents on its offline FunctionModel (no network).
+Real pydantic-ai agents on its offline FunctionModel, and, where requests on the wire are
+counted, its OpenAI model over the real openai SDK against the local fake provider.
 """
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ from __future__ import annotations
 from functools import partial
 
 import anyio
+import anyio.to_thread
+import openai
 import pytest
+from lovely_coordinator_limits.testing import FakeProvider
 from lovely_coordinator_pydantic_ai import (
     AgentTree,
     ChildAgent,
@@ -28,16 +32,19 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import UsageLimits
 
 from lovely_coordinator import (
     AgentCoordinator,
+    CoordinatorStatistics,
     InvalidArgumentError,
     ParentNotification,
     SessionContext,
+    UsageError,
     create_agent_coordinator,
 )
-from lovely_coordinator._errors import UsageError
 
 
 def _tool_returns(messages: list[ModelMessage]) -> list[str]:
@@ -209,7 +216,8 @@ async def test_a_child_hitting_a_limit_closes_its_tuple_while_siblings_continue(
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
         async with AgentTree(coordinator) as tree:
-            failing = Agent(tree.wrap(FunctionModel(limited, model_name="busy")))
+            # One attempt: the limit reaches the child (the model does not wait out 60 s).
+            failing = Agent(tree.wrap(FunctionModel(limited, model_name="busy"), max_attempts=1))
             working = Agent(tree.wrap(_answering("calm")))
             root = Agent(
                 tree.wrap(_two_tools()),
@@ -559,3 +567,53 @@ async def test_run_is_typed_and_passes_deps_limits_and_settings() -> None:
                     deps="x",
                     usage_limits=UsageLimits(request_limit=1),
                 )
+
+
+@pytest.mark.asyncio
+async def test_delegating_tools_stay_within_the_cap(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
+    """Regression (issue 11, bug 1): pydantic-ai's own delegation pattern — a tool that
+    awaits a child agent — put four requests in flight at max_concurrency=2, every child
+    treating the parent's inherited permit as cover."""
+    with anyio.fail_after(20):
+        coordinator = _coordinator(2)
+        fake_provider.pause("gpt-child")
+        client = openai.AsyncOpenAI(
+            base_url=f"{fake_provider_url}/v1", api_key="local", max_retries=0
+        )
+        async with client, AgentTree(coordinator) as tree:
+            chat = OpenAIChatModel("gpt-child", provider=OpenAIProvider(openai_client=client))
+            child = Agent(tree.wrap(chat))
+            parent = Agent(tree.wrap(_delegating(["a", "b", "c", "d"], tool="research")))
+
+            @parent.tool_plain
+            async def research(task: str) -> str:
+                return (await child.run(task)).output
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(tree.run, parent, "go", session_id="root"))
+                # The parent's permit covers one child's call, the free slot another; two wait.
+                await anyio.to_thread.run_sync(fake_provider.wait_for_in_flight, "gpt-child", 2)
+                await _until_queued(coordinator, 2)
+                assert fake_provider.in_flight("gpt-child") == 2
+                fake_provider.resume("gpt-child")
+        assert fake_provider.peak_in_flight("gpt-child") == 2
+        assert len(fake_provider.seen("gpt-child")) == 4
+        stats = coordinator.statistics()
+        assert (stats.active, stats.queued) == (0, 0)
+
+
+async def _until_queued(coordinator: AgentCoordinator, count: int) -> None:
+    ready = anyio.Event()
+
+    def check(snapshot: CoordinatorStatistics) -> None:
+        if snapshot.queued >= count:
+            ready.set()
+
+    unsubscribe = coordinator.subscribe(check)
+    try:
+        if coordinator.statistics().queued < count:
+            await ready.wait()
+    finally:
+        unsubscribe()
