@@ -111,7 +111,11 @@ def _client(args: argparse.Namespace) -> openai.AsyncOpenAI:
     if args.mode == "sdk":
         return openai.AsyncOpenAI(api_key="bench", base_url=base_url)  # default retries
     coordinator = create_agent_coordinator(CONCURRENCY)
-    transport: Any = CoordinatedTransport(coordinator, providers={"127.0.0.1": "bench"})
+    # "cap": gates and the cap, as before budgets: no learning, the SDK retries 429s.
+    options: dict[str, Any] = (
+        {"learn_budgets": False, "max_attempts": 1} if args.mode == "cap" else {}
+    )
+    transport = CoordinatedTransport(coordinator, providers={"127.0.0.1": "bench"}, **options)
     return openai.AsyncOpenAI(
         api_key="bench",
         base_url=base_url,
@@ -241,6 +245,7 @@ def plot(results: Sequence[Result], path: Path) -> bool:
             axes[1][column].plot(seconds, goodput, label=CONFIGURATIONS[r.mode])
         axes[0][column].set_title(f"{processes} process{'es' if processes > 1 else ''}")
         axes[0][column].set_ylabel("429s per second")
+        axes[0][column].set_yscale("symlog", linthresh=1)
         axes[1][column].set_ylabel("tokens served, % of refill")
         axes[1][column].set_xlabel("second of the run")
     axes[0][0].legend(fontsize="small")
