@@ -29,7 +29,7 @@ from ._tuples import DEFAULT_PROVIDERS
 __all__ = ["CoordinatedTransport", "LegacyTupleFor"]
 
 LegacyTupleFor = Callable[[httpx.Request], ModelTupleLike | None]
-"""Maps an ``httpx`` request to its model tuple, or ``None`` to send it without a permit."""
+"""Maps an ``httpx`` request to its model tuple, or ``None`` to send it unscheduled."""
 
 
 @final
