@@ -23,8 +23,8 @@ from ._global import get_agent_coordinator as get_agent_coordinator
 from ._global import get_bash_coordinator as get_bash_coordinator
 from ._permits import AgentPermit as AgentPermit
 from ._permits import AgentReservation as AgentReservation
-from ._permits import ModelRequest as ModelRequest
 from ._permits import current_permit as current_permit
+from ._requests import ModelRequest as ModelRequest
 from ._types import CoordinatorStatistics as CoordinatorStatistics
 from ._types import ModelTuple as ModelTuple
 from ._types import ModelTupleLike as ModelTupleLike

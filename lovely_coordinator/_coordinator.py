@@ -22,36 +22,28 @@ keep running on the coordinator's home loop (``_timers``). The guarantees are th
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar, final
 
-import anyio.lowlevel
-
 from ._config import CoordinatorConfig
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError, PermitReleasedError
-from ._lines import DONE, GRANTED, QUEUED, Ticket
+from ._controls import LIMIT_MESSAGE, CoordinatorControls
+from ._core import CoordinatorCore
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._lines import DONE
 from ._permits import (
-    RELEASED_MESSAGE,
-    TOKENS_MESSAGE,
     WAIT_MESSAGE,
     WORK_MESSAGE,
-    Admission,
     AgentPermit,
     AgentReservation,
     PermitContext,
-    RequestContext,
     find_permit,
 )
 from ._registries import CoordinatorRegistries
-from ._scheduler import Scheduler
-from ._statistics import snapshot
-from ._timers import LoopClock, WakeupTimer
+from ._requests import TOKENS_MESSAGE, RequestContext
 from ._types import CoordinatorStatistics, ModelTuple, ModelTupleLike, as_model_tuple
-from ._updates import StatisticsCallback, UpdateHub
-from ._validate import as_bool, as_callable, as_index, as_optional_index, as_seconds
-from ._waiter import Parker
+from ._updates import StatisticsCallback
+from ._validate import as_bool, as_callable, as_index
 
 __all__ = ["AGENT_COORDINATOR_VERSION", "AgentCoordinator", "create_agent_coordinator"]
 
@@ -60,13 +52,8 @@ T = TypeVar("T")
 AGENT_COORDINATOR_VERSION: Final = 1
 """The shape of :class:`AgentCoordinator`; the process-global sentinel carries it."""
 
-LIMIT_MESSAGE: Final = "max_concurrency must be a positive integer"
 _ORDER_MESSAGE: Final = "acceptance_order must be a positive integer"
-_TUPLE_LIMIT_MESSAGE: Final = "Tuple limit must be a positive integer or None"
-_REOPEN_MESSAGE: Final = "reopen_after must be a finite number of seconds >= 0"
 _REJECT_MESSAGE: Final = "reject_on_closed_tuple must be a bool"
-_BUDGET_MESSAGE: Final = "Budget must be a positive finite number or None"
-_REMAINING_MESSAGE: Final = "Remaining budget must be a finite number >= 0 or None"
 
 
 class _DefaultLimit(int):
@@ -97,16 +84,8 @@ def create_agent_coordinator(
     return AgentCoordinator(max_concurrency, config=config)
 
 
-def _budget(value: object) -> float | None:
-    return None if value is None else as_seconds(value, _BUDGET_MESSAGE, positive=True)
-
-
-def _remaining(value: object) -> float | None:
-    return None if value is None else as_seconds(value, _REMAINING_MESSAGE)
-
-
 @final
-class AgentCoordinator(CoordinatorRegistries):
+class AgentCoordinator(CoordinatorControls, CoordinatorRegistries):
     """A counting semaphore for agent runs and model calls, fair by acceptance order.
 
     Think of a waiting room with ``max_concurrency`` doors. Everyone takes a number (the
@@ -141,52 +120,12 @@ class AgentCoordinator(CoordinatorRegistries):
                 raise InvalidArgumentError(
                     "max_concurrency differs from config.max_concurrency; pass only one"
                 )
-        self._config = config
-        self._lock = threading.RLock()
-        self._clock = LoopClock()
-        self._hub = UpdateHub(self.statistics, self._lock)
-        super().__init__()
-        self._scheduler = Scheduler(
-            config.max_concurrency,
-            dict(config.tuple_limits),
-            fresh_reacquire=config.reacquire == "fresh",
-            max_queued=config.max_queued,
-            clock=self._clock.now,
-        )
-        self._timer = WakeupTimer(self._clock, self._advance, self._lock)
-        self._scheduler.on_change = self._on_change
+        CoordinatorCore.__init__(self, config)
+        CoordinatorRegistries.__init__(self)
 
     def __repr__(self) -> str:
         s = self._scheduler
         return f"<AgentCoordinator {s.active}/{s.limit} active, {s.queued} queued, {s.lent} lent>"
-
-    # -- the change point ----------------------------------------------------------------------
-
-    def _on_change(self) -> None:
-        # The scheduler's one change hook (under the lock): tell listeners, and keep the
-        # one timer at the scheduler's next wake-up.
-        self._hub.notify()
-        scheduler = self._scheduler
-        if scheduler._wakeups or self._timer.armed_at is not None:
-            self._timer.rearm(scheduler.next_wakeup())
-
-    def _registries_changed(self) -> None:
-        with self._lock:
-            self._hub.notify()
-
-    def _follow(self) -> None:
-        """If the calling loop adopts the coordinator, move its instants and timer here."""
-        delta = self._clock.follow()
-        if delta is None:
-            return
-        scheduler = self._scheduler
-        if delta:
-            scheduler.shift_time(delta)
-        if not scheduler.advance():  # what fell due meanwhile happens now
-            self._timer.rearm(scheduler.next_wakeup())
-
-    def _advance(self) -> None:
-        self._scheduler.advance()  # its change hook re-arms the timer
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -217,152 +156,6 @@ class AgentCoordinator(CoordinatorRegistries):
         reacquiring."""
         return self._scheduler.queued
 
-    # -- settings --------------------------------------------------------------------------------
-
-    def next_acceptance_order(self) -> int:
-        """The next acceptance order: 1, 2, 3, … and always above every order seen."""
-        with self._lock:
-            return self._scheduler.next_order()
-
-    def set_max_concurrency(self, limit: int) -> None:
-        """Change the global cap. Growing grants waiters at once, in order; shrinking
-        revokes nothing (``active_count`` may stay above the cap until permits end).
-
-        Raises:
-            InvalidArgumentError: ``limit`` is not an int ≥ 1; the cap is unchanged.
-        """
-        value = as_index(limit, LIMIT_MESSAGE)
-        with self._lock:
-            self._scheduler.set_limit(value)
-
-    def set_tuple_limit(self, t: ModelTupleLike, limit: int | None) -> None:
-        """Cap how many slots of tuple ``t`` may be taken at once (None: no cap).
-
-        A waiter whose tuple is at its cap is skipped, never blocking other tuples.
-        Lowering a cap revokes nothing; raising or removing it grants at once.
-
-        Raises:
-            InvalidArgumentError: a bad tuple, or ``limit`` not None or an int ≥ 1.
-        """
-        model_tuple = as_model_tuple(t)
-        value = as_optional_index(limit, _TUPLE_LIMIT_MESSAGE)
-        with self._lock:
-            self._scheduler.set_tuple_limit(model_tuple, value)
-
-    def close_tuple(self, t: ModelTupleLike, *, reopen_after: float | None = None) -> None:
-        """Close tuple ``t``'s gate: its waiters stay queued but are not granted.
-
-        Queued waiters on ``t`` that asked ``reject_on_closed_tuple=True`` (inactive
-        reservations included) fail with :class:`TupleSuspendedError`. Running permits are
-        untouched and nothing is granted. A closure is never shortened: with
-        ``reopen_after`` the gate reopens by itself that many seconds from now, unless it
-        is already closed until later or until further notice; without it, the gate
-        stays closed until :meth:`open_tuple`.
-
-        A timed reopen outlives the event loop it was armed on: when the coordinator is
-        next used from another loop (a later ``anyio.run``), the reopen moves there for
-        the time that remains, or happens at once if its time has passed. (Across loops
-        the remaining time is real time; a trio ``MockClock`` does not carry over.)
-
-        Raises:
-            InvalidArgumentError: a bad tuple, or ``reopen_after`` not a finite number ≥ 0
-                (nothing changed).
-        """
-        model_tuple = as_model_tuple(t)
-        after = None if reopen_after is None else as_seconds(reopen_after, _REOPEN_MESSAGE)
-        with self._lock:
-            self._follow()
-            at = None if after is None else self._clock.now() + after
-            self._scheduler.close(model_tuple, at)
-
-    def open_tuple(self, t: ModelTupleLike) -> None:
-        """Open tuple ``t``'s gate (fine when open); its waiters may be granted at once.
-
-        Raises:
-            InvalidArgumentError: a bad tuple.
-        """
-        model_tuple = as_model_tuple(t)
-        with self._lock:
-            self._scheduler.open(model_tuple)
-
-    def is_tuple_open(self, t: ModelTupleLike) -> bool:
-        """Whether tuple ``t``'s gate is open (a pure read).
-
-        Raises:
-            InvalidArgumentError: a bad tuple.
-        """
-        model_tuple = as_model_tuple(t)
-        with self._lock:
-            return self._scheduler.is_open(model_tuple, self._clock.now())
-
-    def tuple_reopens_at(self, t: ModelTupleLike) -> float | None:
-        """When tuple ``t``'s gate reopens by itself, on the anyio clock of the calling
-        event loop (outside any loop: of the coordinator's home loop); None when open or
-        closed until :meth:`open_tuple`. A pure read.
-
-        Raises:
-            InvalidArgumentError: a bad tuple.
-        """
-        model_tuple = as_model_tuple(t)
-        with self._lock:
-            now = self._clock.now()
-            if self._scheduler.is_open(model_tuple, now):
-                return None
-            state = self._scheduler.tuple_state(model_tuple)
-            at = None if state is None else state.reopens_at
-            return None if at is None else at + self._clock.here_minus_home()
-
-    def set_budget(
-        self,
-        t: ModelTupleLike,
-        *,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-    ) -> None:
-        """Budget tuple ``t``'s model requests (CONTRACT §5): token buckets of requests
-        and of tokens per minute, refilled continuously and full when first set.
-
-        ``None`` removes a dimension; both ``None`` removes the budget. A changed budget
-        keeps what was already spent. Permits never draw from a budget.
-
-        Raises:
-            InvalidArgumentError: a bad tuple, or a value that is not a finite number
-                > 0 (``bool`` is not a number here); nothing changed.
-        """
-        model_tuple = as_model_tuple(t)
-        requests, tokens = _budget(requests_per_minute), _budget(tokens_per_minute)
-        with self._lock:
-            self._follow()
-            self._scheduler.set_budget(model_tuple, requests, tokens)
-
-    def learn_budget(
-        self,
-        t: ModelTupleLike,
-        *,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        requests_remaining: float | None = None,
-        tokens_remaining: float | None = None,
-    ) -> None:
-        """Correct tuple ``t``'s budget from what the provider reports (for extensions).
-
-        A per-minute limit sets that dimension's budget unless :meth:`set_budget` set it
-        explicitly (then the explicit one stands); what was spent stays spent. A
-        remaining amount lowers what is available to at most that (it never raises it),
-        in a dimension that has a budget. Processes that share one provider quota
-        converge through this without any shared store.
-
-        Raises:
-            InvalidArgumentError: a bad tuple, a limit that is not a finite number > 0 or
-                a remaining amount that is not a finite number ≥ 0; nothing changed.
-        """
-        model_tuple = as_model_tuple(t)
-        requests, tokens = _budget(requests_per_minute), _budget(tokens_per_minute)
-        left_requests, left_tokens = _remaining(requests_remaining), _remaining(tokens_remaining)
-        with self._lock:
-            self._follow()
-            self._scheduler.learn_budget(model_tuple, requests, tokens, left_requests, left_tokens)
-
     # -- taking slots --------------------------------------------------------------------------
 
     def _check(
@@ -374,17 +167,6 @@ class AgentCoordinator(CoordinatorRegistries):
         if acceptance_order is not None:
             acceptance_order = as_index(acceptance_order, _ORDER_MESSAGE)
         return model_tuple, acceptance_order
-
-    async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> AgentPermit:
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        parker: Parker[bool] = Parker()
-        with self._lock:
-            if self._scheduler._wakeups:
-                self._follow()
-            ticket = self._scheduler.enqueue(t, order, True, reject)
-            self._attach_locked(ticket, parker)
-        await parker.wait(Admission(self, ticket), self._lock)
-        return AgentPermit(self, ticket)
 
     async def acquire(
         self,
@@ -412,7 +194,7 @@ class AgentCoordinator(CoordinatorRegistries):
             CoordinatorBusyError: ``max_queued`` waiters already wait.
         """
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        return await self._acquire(model_tuple, order, reject_on_closed_tuple)
+        return AgentPermit(self, await self._acquire(model_tuple, order, reject_on_closed_tuple))
 
     def permit(
         self,
@@ -450,8 +232,8 @@ class AgentCoordinator(CoordinatorRegistries):
         """
         as_callable(work, WORK_MESSAGE)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        permit = await self._acquire(model_tuple, order, reject_on_closed_tuple)
-        return await permit._run(work)
+        ticket = await self._acquire(model_tuple, order, reject_on_closed_tuple)
+        return await AgentPermit(self, ticket)._run(work)
 
     def reserve(
         self,
@@ -554,8 +336,7 @@ class AgentCoordinator(CoordinatorRegistries):
 
         A pure read: it changes nothing, and arms or fires no timer.
         """
-        with self._lock:
-            return snapshot(self._scheduler, self._clock, self.resident_count)
+        return self._statistics()
 
     def subscribe(self, callback: StatisticsCallback) -> Callable[[], None]:
         """Call ``callback(statistics)`` after scheduling changes: asynchronously (never
@@ -580,70 +361,3 @@ class AgentCoordinator(CoordinatorRegistries):
         this of every async generator left before it ends).
         """
         return self._hub.watch()
-
-    # -- what permits, reservations and requests call (each under the lock) ------------------
-
-    def _attach_locked(self, ticket: Ticket, parker: Parker[bool]) -> None:
-        if ticket.state == GRANTED:
-            parker.grant(True)
-        else:
-            ticket.parker = parker
-
-    def _attach(self, ticket: Ticket, parker: Parker[bool], *, activate: bool) -> None:
-        with self._lock:
-            if activate:
-                self._scheduler.activate(ticket)
-            self._attach_locked(ticket, parker)
-
-    def _activate(self, ticket: Ticket) -> None:
-        with self._lock:
-            self._scheduler.activate(ticket)
-
-    def _enqueue_request(
-        self,
-        t: ModelTuple,
-        order: int | None,
-        reject: bool,
-        tokens: int,
-        cover: Ticket | None,
-        parker: Parker[bool],
-    ) -> Ticket:
-        with self._lock:
-            self._follow()
-            ticket = self._scheduler.enqueue_request(t, order, reject, tokens, cover)
-            self._attach_locked(ticket, parker)
-            return ticket
-
-    def _release(self, ticket: Ticket) -> None:
-        with self._lock:
-            state = ticket.state
-            if state == QUEUED and ticket.bypass:  # a lend waits to reacquire: it fails
-                self._scheduler.fail(ticket, PermitReleasedError(RELEASED_MESSAGE))
-            elif state != DONE:
-                self._scheduler.release(ticket)
-
-    def _discard(self, ticket: Ticket) -> None:
-        with self._lock:
-            if ticket.state == QUEUED or ticket.state == 0:
-                self._scheduler.discard(ticket)
-
-    def _fail(self, ticket: Ticket, error: BaseException) -> None:
-        with self._lock:
-            self._scheduler.fail(ticket, error)
-
-    def _lend_begin(self, ticket: Ticket) -> None:
-        with self._lock:
-            withdrawn = self._scheduler.lend_begin(ticket)
-            if withdrawn is not None:
-                withdrawn.grant(False)  # that lend returns; this one will reacquire
-
-    def _lend_end(self, ticket: Ticket, parker: Parker[bool]) -> bool:
-        with self._lock:
-            if self._scheduler._wakeups:
-                self._follow()
-            return self._scheduler.lend_end(ticket, parker)
-
-    def _settle(self, ticket: Ticket, tokens: int) -> None:
-        with self._lock:
-            self._follow()
-            self._scheduler.settle(ticket, tokens)

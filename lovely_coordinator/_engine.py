@@ -21,25 +21,31 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, cast
 
 from ._lines import (
-    COMPACT_MIN,
-    DONE,
     GRANTED,
-    INACTIVE,
     QUEUED,
     REQUESTS,
     Entry,
     Line,
+    PermitTicket,
     ReadyEntry,
     Ticket,
     TupleState,
-    Wakeable,
 )
 from ._types import ModelTuple
 
-__all__ = ["BUDGET", "GATE", "IDLE_KEPT", "Engine", "Wakeup"]
+__all__ = [
+    "BUDGET",
+    "DUE_SLACK",
+    "GATE",
+    "IDLE_KEPT",
+    "Engine",
+    "Wakeup",
+    "bypass_live",
+    "wakeup_live",
+]
 
 # How many idle tuples stay cached for reuse (see ``Engine._forget_if_idle``).
 IDLE_KEPT: Final = 64
@@ -50,13 +56,17 @@ BUDGET: Final = 1
 
 # A timer may fire a hair before its instant (asyncio runs handles due within the clock's
 # resolution); what is due within this many seconds counts as due.
-_DUE_SLACK: Final = 1e-6
+DUE_SLACK: Final = 1e-6
 
 Wakeup = tuple[float, int, int, TupleState]  # (instant, seq, kind, tuple)
 
 
 def _no_clock() -> float:
     return 0.0
+
+
+def _nothing() -> None:
+    pass
 
 
 class Engine:
@@ -75,6 +85,7 @@ class Engine:
         "_wakeups",
         "active",
         "fresh_reacquire",
+        "hooked",
         "lent",
         "limit",
         "max_queued",
@@ -99,7 +110,10 @@ class Engine:
         self.queued = 0
         self.lent = 0
         self.version = 0
-        self.on_change: Callable[[], object] | None = None
+        # The change hook, called when ``hooked`` (someone listens, a timer is armed) or
+        # a wake-up exists (its timer must be armed): the hot path pays two reads.
+        self.on_change: Callable[[], object] = _nothing
+        self.hooked = False
         self._clock: Callable[[], float] = clock or _no_clock
         self._counter = 0
         self._seq = 0
@@ -116,9 +130,8 @@ class Engine:
     def _changed(self) -> None:
         """The one place a change is announced (every public mutator ends with it)."""
         self.version += 1
-        hook = self.on_change
-        if hook is not None:
-            hook()
+        if self.hooked or self._wakeups:
+            self.on_change()
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -142,7 +155,7 @@ class Engine:
         (Drops wake-ups that no longer apply from the top of the heap; no other effect.)
         """
         wakeups = self._wakeups
-        while wakeups and not _wakeup_live(wakeups[0]):
+        while wakeups and not wakeup_live(wakeups[0]):
             heapq.heappop(wakeups)
         return wakeups[0][0] if wakeups else None
 
@@ -161,9 +174,9 @@ class Engine:
         so the last ``IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
         so memory follows the tuples in use. O(1).
         """
-        if not state.idle:
-            return
         idle = self._idle
+        if state.tuple in idle or not state.idle:
+            return  # cached already (eviction re-checks), or not idle
         idle[state.tuple] = state
         if len(idle) > IDLE_KEPT:
             model_tuple = next(iter(idle))
@@ -258,7 +271,7 @@ class Engine:
         ready = self._ready
         bypass = self._bypass
         while self.active < self.limit:
-            while bypass and not _bypass_live(bypass[0]):
+            while bypass and not bypass_live(bypass[0]):
                 heapq.heappop(bypass)
                 self._bypass_dead -= 1
             # Settle the top of the ready heap on a line that may run, with its true key.
@@ -286,7 +299,7 @@ class Engine:
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
                 line = ready[0][2]
-                if line.kind == REQUESTS and not self._may_draw(line.state, line.heap[0][2]):
+                if line.kind == REQUESTS and not self._may_draw(line.state, line.first()):
                     line.entry = None
                     heapq.heappop(ready)
                     continue
@@ -337,8 +350,8 @@ class Engine:
         if parker is not None:
             ticket.parker = None
             parker.grant(True)
-        if ticket.candidates:
-            self._hand_cover(ticket)  # a reacquired permit may cover at once
+        if ticket.candidates:  # a reacquired permit may cover at once
+            self._hand_cover(cast(PermitTicket, ticket))
 
     def _serve_covered(self, state: TupleState) -> None:
         """Grant the tuple's covered requests that may run (they need no free slot)."""
@@ -381,7 +394,7 @@ class Engine:
             # A request ahead of the front drew: the front waits longer now.
             self._block_until(state, _ready_at(state, block, now))
 
-    def _hand_cover(self, cover: Ticket) -> None:
+    def _hand_cover(self, cover: PermitTicket) -> None:
         """Give a held, free permit's slot to its best waiting candidate, if any."""
         heap = cover.candidates
         if cover.state != GRANTED or cover.covering is not None or not heap:
@@ -407,102 +420,6 @@ class Engine:
         if not state.active and not state.queued:
             self._forget_if_idle(state)
 
-    # -- leaving ---------------------------------------------------------------------------------
-
-    def _discard(self, ticket: Ticket) -> Wakeable | None:
-        assert ticket.state in (INACTIVE, QUEUED)
-        state = ticket.tuple_state
-        covered = ticket.covered
-        self._unqueue(ticket)
-        if ticket.bypass:
-            self.lent -= 1
-            ticket.bypass = False
-        ticket.state = DONE
-        parker, ticket.parker = ticket.parker, None
-        if ticket.request:
-            cover = ticket.cover
-            if covered and cover is not None:
-                ticket.covered = False
-                cover.covering = None
-                self._hand_cover(cover)
-            if state.block is ticket:
-                self._unblock(state)  # the front left: the next one may need less
-        self._forget_if_idle(state)
-        return parker
-
-    def _unqueue(self, ticket: Ticket) -> None:
-        state = ticket.tuple_state
-        self.queued -= 1
-        state.queued -= 1
-        if ticket.reject and state.foreground is not None:
-            state.foreground.pop(ticket, None)
-        if ticket.state != QUEUED:
-            return  # inactive: in no line
-        if ticket.bypass:
-            self._bypass_dead += 1
-            if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
-                ticket.state = DONE  # so the rebuild drops it
-                self._bypass = [e for e in self._bypass if _bypass_live(e)]
-                heapq.heapify(self._bypass)
-                self._bypass_dead = 0
-        elif ticket.line is not None:
-            ticket.line.remove(ticket)
-
-    # -- time -----------------------------------------------------------------------------------
-
-    def advance(self) -> bool:
-        """Apply every wake-up that is due on the clock; True if any was.
-
-        Timed gates reopen (a closure is never cut short: only its own wake-up opens it),
-        budget blocks end and their requests try again.
-        """
-        now = self._clock() + _DUE_SLACK
-        wakeups = self._wakeups
-        woken: dict[TupleState, None] = {}
-        while wakeups and wakeups[0][0] <= now:
-            wakeup = heapq.heappop(wakeups)
-            if not _wakeup_live(wakeup):
-                continue
-            state = wakeup[3]
-            if wakeup[2] == GATE:
-                state.open = True
-                state.reopens_at = None
-            else:
-                state.block = None
-                state.block_until = None
-            woken[state] = None
-        if not woken:
-            return False
-        # Everything due happened at once: grant in order across all of it, not one
-        # wake-up after the other (a later one could hold a better key).
-        for state in woken:
-            covered = state.covered.head()
-            own = state.requests.head()
-            if covered is not None and state.budgeted and (own is None or covered.key < own.key):
-                self._serve_covered(state)
-            self._offer(state.permits)
-            self._offer(state.requests)
-        self._drain()
-        for state in woken:
-            self._serve_covered(state)
-            self._forget_if_idle(state)
-        self._changed()
-        return True
-
-    def shift_time(self, delta: float) -> None:
-        """Restate every stored instant on a clock ``delta`` seconds ahead (the same
-        instants, new numbers: the coordinator moved to another event loop's clock)."""
-        for state in self._tuples.values():
-            if state.reopens_at is not None:
-                state.reopens_at += delta
-            if state.block_until is not None:
-                state.block_until += delta
-            for bucket in (state.request_bucket, state.token_bucket):
-                if bucket is not None:
-                    bucket.shift(delta)
-        self._wakeups = [(at + delta, seq, kind, s) for at, seq, kind, s in self._wakeups]
-        heapq.heapify(self._wakeups)
-
 
 def _ready_at(state: TupleState, ticket: Ticket, now: float) -> float:
     """When the tuple's budget holds request ``ticket`` (``now`` if it does already)."""
@@ -515,14 +432,14 @@ def _ready_at(state: TupleState, ticket: Ticket, now: float) -> float:
     return ready
 
 
-def _wakeup_live(wakeup: Wakeup) -> bool:
+def wakeup_live(wakeup: Wakeup) -> bool:
     at, _seq, kind, state = wakeup
     if kind == GATE:
         return not state.open and state.reopens_at == at
     return state.block_until == at
 
 
-def _bypass_live(entry: Entry) -> bool:
+def bypass_live(entry: Entry) -> bool:
     ticket = entry[2]
     return ticket.state == QUEUED and ticket.bypass and ticket.seq == entry[1]
 

@@ -23,10 +23,10 @@ import sys
 import types
 from typing import Final
 
+from ._controls import LIMIT_MESSAGE
 from ._coordinator import (
     AGENT_COORDINATOR_VERSION,
     DEFAULT_LIMIT,
-    LIMIT_MESSAGE,
     AgentCoordinator,
     create_agent_coordinator,
 )

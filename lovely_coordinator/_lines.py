@@ -18,7 +18,8 @@ Plain synchronous structures with no decisions in them (those are ``_scheduler.p
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Final, Protocol, final
+from collections import deque
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol, final
 
 from ._types import ModelTuple
 
@@ -27,14 +28,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COVERED",
+    "Candidate",
     "DONE",
     "GRANTED",
     "INACTIVE",
     "LENT",
     "PERMITS",
+    "PermitTicket",
     "QUEUED",
     "REQUESTS",
     "Line",
+    "RequestTicket",
     "Ticket",
     "TupleState",
     "Wakeable",
@@ -69,14 +73,16 @@ class Wakeable(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
-@final
 class Ticket:
     """A place in line; once granted, a slot (a permit) or a call in flight (a request).
+
+    Two kinds, :class:`PermitTicket` and :class:`RequestTicket`; each stores only its own
+    fields, and reads the other kind's as the class-level defaults below (parked waiters
+    are the coordinator's memory: a slot less per waiter is worth a class).
 
     Attributes:
         order, seq: the current place in line, ``(acceptance order, arrival)``; seq is
             unique per scheduler.
-        origin: the acceptance order the ticket was first granted with.
         state: INACTIVE, QUEUED, GRANTED, LENT or DONE.
         tuple_state: the tuple's bookkeeping (refreshed on every reacquire).
         reject: fail when the tuple's gate closes while queued.
@@ -86,60 +92,50 @@ class Ticket:
         bypass: the place in line is a lending permit's reacquire (ignores gates, caps).
         parker: the task waiting for this ticket, if one is parked.
         error: why the ticket failed, when nobody was parked to receive it.
-        lends: a permit's lends in progress; the last one to end reacquires.
-        tokens: a request's token charge (its estimate, then what it settled).
-        cover: a request's permit, whose slot it may use.
-        covered: a request is (queued or in flight) on its cover's slot.
-        covering: a permit's request on its slot (reserved or in flight), if any.
-        candidates: a permit's heap of requests waiting for its slot to be free.
-        deferred: a lent or released permit whose slot stays taken until the request in
-            flight on it ends.
+
+    A permit's own: ``origin`` (the acceptance order it was first granted with),
+    ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
+    request on its slot, reserved or in flight), ``candidates`` (a heap of requests
+    waiting for its slot to be free) and ``deferred`` (lent or released, its slot stays
+    taken until the request in flight on it ends). A request's own: ``tokens`` (its
+    charge: the estimate, then what it settled), ``cover`` (the permit whose slot it may
+    use) and ``covered`` (it is, queued or in flight, on that slot).
     """
 
     __slots__ = (
         "bypass",
-        "candidates",
-        "cover",
-        "covered",
-        "covering",
-        "deferred",
         "entry",
         "error",
-        "lends",
         "line",
         "order",
-        "origin",
         "parker",
         "reject",
-        "request",
         "seq",
         "state",
-        "tokens",
         "tuple_state",
     )
 
-    def __init__(
-        self, order: int, seq: int, tuple_state: TupleState, reject: bool, request: bool = False
-    ) -> None:
-        self.order = order
-        self.origin = order
-        self.seq = seq
-        self.state = INACTIVE
-        self.tuple_state = tuple_state
-        self.reject = reject
-        self.request = request
-        self.line: Line | None = None
-        self.entry: Entry | None = None
-        self.bypass = False
-        self.parker: Wakeable | None = None
-        self.error: BaseException | None = None
-        self.lends = 0
-        self.tokens = 0
-        self.cover: Ticket | None = None
-        self.covered = False
-        self.covering: Ticket | None = None
-        self.candidates: list[Entry] | None = None
-        self.deferred = False
+    request: ClassVar[bool] = False
+    # The other kind's fields, read-only here (each subclass has slots for its own).
+    origin: int = 0
+    lends: int = 0
+    covering: RequestTicket | None = None
+    candidates: list[Candidate] | None = None
+    deferred: bool = False
+    tokens: int = 0
+    cover: PermitTicket | None = None
+    covered: bool = False
+
+    order: int
+    seq: int
+    state: int
+    tuple_state: TupleState
+    reject: bool
+    line: Line | None
+    entry: Entry | None
+    bypass: bool
+    parker: Wakeable | None
+    error: BaseException | None
 
     def __repr__(self) -> str:
         kind = "request" if self.request else "permit"
@@ -151,35 +147,104 @@ class Ticket:
         return (self.order, self.seq)
 
 
+@final
+class PermitTicket(Ticket):
+    """A permit's or a reservation's ticket (see :class:`Ticket`)."""
+
+    __slots__ = ("candidates", "covering", "deferred", "lends", "origin")
+
+    origin: int
+    lends: int
+    covering: RequestTicket | None
+    candidates: list[Candidate] | None
+    deferred: bool
+
+    def __init__(self, order: int, seq: int, tuple_state: TupleState, reject: bool) -> None:
+        # Every field set here, not through super(): this runs for every acquire.
+        self.order = order
+        self.seq = seq
+        self.state = INACTIVE
+        self.tuple_state = tuple_state
+        self.reject = reject
+        self.line = None
+        self.entry = None
+        self.bypass = False
+        self.parker = None
+        self.error = None
+        self.origin = order
+        self.lends = 0
+        self.covering = None
+        self.candidates = None
+        self.deferred = False
+
+
+@final
+class RequestTicket(Ticket):
+    """A model request's ticket (see :class:`Ticket`)."""
+
+    __slots__ = ("cover", "covered", "tokens")
+
+    request: ClassVar[bool] = True
+    tokens: int
+    cover: PermitTicket | None
+    covered: bool
+
+    def __init__(
+        self, order: int, seq: int, tuple_state: TupleState, reject: bool, tokens: int
+    ) -> None:
+        self.order = order
+        self.seq = seq
+        self.state = INACTIVE
+        self.tuple_state = tuple_state
+        self.reject = reject
+        self.line = None
+        self.entry = None
+        self.bypass = False
+        self.parker = None
+        self.error = None
+        self.tokens = tokens
+        self.cover = None
+        self.covered = False
+
+
 # (order, seq, ticket) in a line or the bypass heap; (order, seq, line) in the ready heap.
 # seq is unique, so comparison never reaches the third item.
 Entry = tuple[int, int, Ticket]
 ReadyEntry = tuple[int, int, "Line"]
+Candidate = tuple[int, int, "RequestTicket"]  # in a permit's heap of candidates
 
 
 @final
 class Line:
     """The queued tickets of one tuple and one kind, best ``(order, seq)`` first.
 
+    Tickets usually arrive in increasing key order (fresh acceptance orders only grow),
+    so a line starts as a FIFO: a deque, appended to and popped from at O(1). The first
+    push that would break the order (an explicit, earlier acceptance order; a ticket
+    coming back with its old key) turns it into a heap, which it stays until it is empty
+    again. Both keep the best entry at index 0.
+
     Invariants:
         * Every ticket whose ``line`` is this line has exactly one live entry here, its
           ``entry``; an entry is live exactly when it is its ticket's ``entry``.
         * ``dead`` counts the entries that are not live.
+        * With ``fifo``, ``items`` is a deque sorted by key; otherwise a heap list.
         * ``entry`` is this line's entry in the scheduler's ready heap, or None.
     """
 
-    __slots__ = ("dead", "entry", "heap", "kind", "state")
+    __slots__ = ("dead", "entry", "fifo", "items", "kind", "state")
 
     def __init__(self, state: TupleState, kind: int) -> None:
         self.state = state
         self.kind = kind
-        self.heap: list[Entry] = []
+        self.items: deque[Entry] | list[Entry] = deque()
+        self.fifo = True
         self.dead = 0
         self.entry: ReadyEntry | None = None
 
     def __repr__(self) -> str:
         kind = ("permits", "requests", "covered")[self.kind]
-        return f"<Line {self.state.tuple} {kind} {len(self.heap) - self.dead} live>"
+        return f"<Line {self.state.tuple} {kind} {len(self.items) - self.dead} live>"
 
     @staticmethod
     def live(entry: Entry) -> bool:
@@ -187,24 +252,52 @@ class Line:
 
     def push(self, ticket: Ticket) -> None:
         ticket.line = self
-        entry = ticket.entry = (ticket.order, ticket.seq, ticket)
-        heapq.heappush(self.heap, entry)
+        order, seq = ticket.order, ticket.seq
+        entry = ticket.entry = (order, seq, ticket)
+        items = self.items
+        if self.fifo:
+            if not items:
+                items.append(entry)
+                return
+            last = items[-1]
+            if order > last[0] or (order == last[0] and seq > last[1]):
+                items.append(entry)
+                return
+            items = self.items = list(items)  # out of order: a heap from now on
+            heapq.heapify(items)
+            self.fifo = False
+        heapq.heappush(items, entry)  # type: ignore[arg-type]
 
     def head(self) -> Ticket | None:
-        """The best live ticket, dropping dead entries from the top."""
-        heap = self.heap
-        while heap:
-            entry = heap[0]
+        """The best live ticket, dropping dead entries from the front."""
+        items = self.items
+        while items:
+            entry = items[0]
             ticket = entry[2]
             if ticket.entry is entry:
                 return ticket
-            heapq.heappop(heap)
+            self._drop_front()
             self.dead -= 1
+        if not self.fifo:
+            self.items = deque()  # empty: back to the cheap mode
+            self.fifo = True
         return None
+
+    def _drop_front(self) -> None:
+        if self.fifo:
+            self.items.popleft()  # type: ignore[union-attr]
+        else:
+            heapq.heappop(self.items)  # type: ignore[arg-type]
+
+    def first(self) -> Ticket:
+        """The ticket of the front entry (the caller just saw :meth:`head` return it)."""
+        return self.items[0][2]
 
     def pop(self) -> Ticket:
         """Remove and return the head (the caller just saw :meth:`head` return it)."""
-        ticket = heapq.heappop(self.heap)[2]
+        items = self.items
+        entry = items.popleft() if self.fifo else heapq.heappop(items)  # type: ignore[union-attr,arg-type]
+        ticket = entry[2]
         ticket.line = ticket.entry = None
         return ticket
 
@@ -212,14 +305,18 @@ class Line:
         """Take ``ticket`` out of the line (its entry dies in place)."""
         ticket.line = ticket.entry = None
         self.dead += 1
-        if self.dead > COMPACT_MIN and 2 * self.dead > len(self.heap):
-            self.heap = [e for e in self.heap if self.live(e)]
-            heapq.heapify(self.heap)
+        if self.dead > COMPACT_MIN and 2 * self.dead > len(self.items):
+            live = [e for e in self.items if self.live(e)]  # keeps a FIFO's order
+            if self.fifo:
+                self.items = deque(live)
+            else:
+                heapq.heapify(live)
+                self.items = live
             self.dead = 0
 
     def tickets(self) -> list[Ticket]:
         """The live tickets, best first (O(n log n); for snapshots and checks)."""
-        return [e[2] for e in sorted(self.heap, key=_entry_key) if self.live(e)]
+        return [e[2] for e in sorted(self.items, key=_entry_key) if self.live(e)]
 
 
 def _entry_key(entry: Entry) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
 import anyio.lowlevel
 
-from ._backend import current_task
+from ._core import RELEASED_MESSAGE
 from ._errors import (
     InvalidArgumentTypeError,
     PermitReleasedError,
@@ -35,51 +35,41 @@ from ._errors import (
     ReservationUsedError,
     UsageError,
 )
-from ._lines import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, Ticket
+from ._lines import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, PermitTicket
 from ._shared import process_wide
 from ._types import ModelTuple
-from ._validate import as_callable, as_index
-from ._waiter import Parker
+from ._validate import as_callable
+from ._waiter import Parker, checkpoint_or_undo
 
 if TYPE_CHECKING:
-    from ._coordinator import AgentCoordinator
+    from ._core import CoordinatorCore
 
 __all__ = [
-    "Admission",
+    "CONTEXT_VERSION",
+    "RELEASED_MESSAGE",
     "AgentPermit",
     "AgentReservation",
-    "ModelRequest",
     "PermitContext",
-    "RequestContext",
     "current_permit",
     "find_permit",
+    "restore",
 ]
 
 T = TypeVar("T")
 
-RELEASED_MESSAGE: Final = "Agent permit released while waiting to reacquire"
 CANCELLED_MESSAGE: Final = "Agent reservation cancelled"
 USED_MESSAGE: Final = "Agent reservation has already been used"
-TOKENS_MESSAGE: Final = "tokens must be a nonnegative integer"
 WORK_MESSAGE: Final = "work must be a callable returning an awaitable"
 WAIT_MESSAGE: Final = "wait must be a callable returning an awaitable"
 
 # (permit, the coordinator that issued it, the enclosing frame). A plain tuple: entering
 # a permit is on the hot path of every acquire.
 _Frame = tuple["AgentPermit", object, "_Frame | None"]
-# (request, its coordinator, the task that entered it, the enclosing frame).
-_RequestFrame = tuple["ModelRequest", object, object, "_RequestFrame | None"]
-
-_CONTEXT_VERSION: Final = 1
+CONTEXT_VERSION: Final = 1  # of the shared context variables (see _shared.py)
 _current: ContextVar[_Frame | None] = process_wide(
     "current permit",
-    _CONTEXT_VERSION,
+    CONTEXT_VERSION,
     lambda: ContextVar("lovely_coordinator_permit", default=None),
-)
-_current_request: ContextVar[_RequestFrame | None] = process_wide(
-    "current request",
-    _CONTEXT_VERSION,
-    lambda: ContextVar("lovely_coordinator_request", default=None),
 )
 
 
@@ -108,7 +98,7 @@ def _enter(permit: AgentPermit) -> Token[_Frame | None]:
     return _current.set((permit, permit._coordinator, _current.get()))
 
 
-def _exit(token: Token[Any], var: ContextVar[Any], handle: object) -> None:
+def restore(token: Token[Any], var: ContextVar[Any], handle: object) -> None:
     """Undo the matching ``var.set`` of ``handle``, as far as it is safe to.
 
     In the context it was entered in, the outer value is restored (the token's reset). An
@@ -127,31 +117,13 @@ def _exit(token: Token[Any], var: ContextVar[Any], handle: object) -> None:
 
 
 @final
-class Admission:
-    """A ticket's wait for its slot: what its parker tells when the wait is cancelled."""
-
-    __slots__ = ("coordinator", "ticket")
-
-    def __init__(self, coordinator: AgentCoordinator, ticket: Ticket) -> None:
-        self.coordinator = coordinator
-        self.ticket = ticket
-
-    def abort(self) -> None:  # cancelled while queued: leave the line
-        self.coordinator._discard(self.ticket)
-
-    def undo(self, _granted: bool) -> None:  # cancelled after the grant: the slot goes on
-        if self.ticket.state == GRANTED:  # not already given back (a reservation's cancel)
-            self.coordinator._release(self.ticket)
-
-
-@final
 class PermitContext:
     """What ``AgentCoordinator.permit`` returns (a class, not a generator: it is hot)."""
 
     __slots__ = ("_coordinator", "_order", "_permit", "_reject", "_t", "_token")
 
     def __init__(
-        self, coordinator: AgentCoordinator, t: ModelTuple, order: int | None, reject: bool
+        self, coordinator: CoordinatorCore, t: ModelTuple, order: int | None, reject: bool
     ) -> None:
         self._coordinator = coordinator
         self._t = t
@@ -163,7 +135,24 @@ class PermitContext:
     async def __aenter__(self) -> AgentPermit:
         if self._permit is not None:
             raise UsageError("a permit() context manager can be entered only once")
-        permit = self._permit = await self._coordinator._acquire(self._t, self._order, self._reject)
+        # The coordinator's _acquire, inlined: one coroutine frame less per parked waiter,
+        # and the uncontended path parks nothing at all.
+        coordinator = self._coordinator
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        with coordinator._lock:
+            if coordinator._scheduler._wakeups:
+                coordinator._follow()
+            ticket = coordinator._scheduler.enqueue(self._t, self._order, True, self._reject)
+            if ticket.state != GRANTED:
+                parker: Parker[bool] | None = Parker()
+                ticket.parker = parker
+            else:
+                parker = None
+        if parker is None:
+            await checkpoint_or_undo(coordinator, ticket)
+        else:
+            await parker.wait(coordinator, ticket, coordinator._lock)
+        permit = self._permit = AgentPermit(coordinator, ticket)
         self._token = _enter(permit)
         return permit
 
@@ -177,7 +166,7 @@ class PermitContext:
         assert permit is not None
         assert self._token is not None
         try:
-            _exit(self._token, _current, permit)
+            restore(self._token, _current, permit)
         finally:
             permit.release()
 
@@ -193,7 +182,7 @@ class AgentPermit:
 
     __slots__ = ("_coordinator", "_order", "_ticket")
 
-    def __init__(self, coordinator: AgentCoordinator, ticket: Ticket) -> None:
+    def __init__(self, coordinator: CoordinatorCore, ticket: PermitTicket) -> None:
         self._coordinator = coordinator
         self._ticket = ticket
         self._order = ticket.order
@@ -272,7 +261,7 @@ class AgentPermit:
         parker: Parker[bool] = Parker()
         if not coordinator._lend_end(ticket, parker):
             return  # others still lend it (the last one reacquires), or it was released
-        granted = await parker.wait(Admission(coordinator, ticket), coordinator._lock)
+        granted = await parker.wait(coordinator, ticket, coordinator._lock)
         if granted and ticket.state == DONE:  # released between its grant and now
             raise PermitReleasedError(RELEASED_MESSAGE)
 
@@ -281,7 +270,7 @@ class AgentPermit:
         try:
             return await work()
         finally:
-            _exit(token, _current, self)
+            restore(token, _current, self)
             self.release()
 
 
@@ -300,7 +289,7 @@ class AgentReservation:
     # (its work runs: cancel is a no-op from here on), "cancelled" (granted, then given
     # back by cancel before run started).
 
-    def __init__(self, coordinator: AgentCoordinator, ticket: Ticket) -> None:
+    def __init__(self, coordinator: CoordinatorCore, ticket: PermitTicket) -> None:
         self._coordinator = coordinator
         self._ticket = ticket
         self._order = ticket.order
@@ -376,138 +365,9 @@ class AgentReservation:
             raise error if error is not None else ReservationCancelledError(CANCELLED_MESSAGE)
         parker: Parker[bool] = Parker()
         coordinator._attach(ticket, parker, activate=True)
-        await parker.wait(Admission(coordinator, ticket), coordinator._lock)
+        await parker.wait(coordinator, ticket, coordinator._lock)
         if self._phase == "cancelled":
             self._phase = "done"
             raise ReservationCancelledError(CANCELLED_MESSAGE)
         self._phase = "running"
         return await AgentPermit(coordinator, ticket)._run(work)
-
-
-@final
-class ModelRequest:
-    """One call to a provider, admitted by ``AgentCoordinator.request`` (CONTRACT §5).
-
-    Attributes:
-        tuple: the model tuple the call goes to.
-        acceptance_order: the order it was admitted with.
-        tokens: its current token charge: the estimate it was admitted with, or what it
-            was last settled at.
-    """
-
-    __slots__ = ("_coordinator", "_order", "_ticket")
-
-    def __init__(self, coordinator: AgentCoordinator, ticket: Ticket) -> None:
-        self._coordinator = coordinator
-        self._ticket = ticket
-        self._order = ticket.order
-
-    def __repr__(self) -> str:
-        return f"<ModelRequest {self.tuple} order={self._order} tokens={self.tokens}>"
-
-    @property
-    def tuple(self) -> ModelTuple:
-        return self._ticket.tuple_state.tuple
-
-    @property
-    def acceptance_order(self) -> int:
-        return self._order
-
-    @property
-    def tokens(self) -> int:
-        return self._ticket.tokens
-
-    def settle(self, tokens: int) -> None:
-        """The call's real usage replaces its charge: the difference is refunded or
-        charged to the tuple's token budget at once. May be called again; the last value
-        counts. (A bucket may go below zero; later requests then wait longer.)
-
-        Raises:
-            InvalidArgumentError: ``tokens`` is not an int ≥ 0 (nothing changed).
-        """
-        self._coordinator._settle(self._ticket, as_index(tokens, TOKENS_MESSAGE, minimum=0))
-
-
-@final
-class RequestContext:
-    """What ``AgentCoordinator.request`` returns: ``async with`` it around one call."""
-
-    __slots__ = (
-        "_coordinator",
-        "_entered",
-        "_joined",
-        "_order",
-        "_reject",
-        "_request",
-        "_t",
-        "_token",
-        "_tokens",
-    )
-
-    def __init__(
-        self,
-        coordinator: AgentCoordinator,
-        t: ModelTuple,
-        tokens: int,
-        order: int | None,
-        reject: bool,
-    ) -> None:
-        self._coordinator = coordinator
-        self._t = t
-        self._tokens = tokens
-        self._order = order
-        self._reject = reject
-        self._entered = False
-        self._joined = False
-        self._request: ModelRequest | None = None
-        self._token: Token[_RequestFrame | None] | None = None
-
-    async def __aenter__(self) -> ModelRequest:
-        if self._entered:
-            raise UsageError("a request() context manager can be entered only once")
-        self._entered = True
-        coordinator = self._coordinator
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        task = current_task()
-        frame = _current_request.get()
-        while frame is not None:
-            outer = frame[0]
-            if (
-                frame[1] is coordinator
-                and frame[2] is task
-                and outer._ticket.state == GRANTED
-                and outer.tuple == self._t
-            ):
-                # The same task, inside a request of the same call: it is that call.
-                self._joined = True
-                self._request = outer
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-                return outer
-            frame = frame[3]
-        permit = find_permit(coordinator)
-        cover = None if permit is None else permit._ticket
-        parker: Parker[bool] = Parker()
-        ticket = coordinator._enqueue_request(
-            self._t, self._order, self._reject, self._tokens, cover, parker
-        )
-        await parker.wait(Admission(coordinator, ticket), coordinator._lock)
-        request = self._request = ModelRequest(coordinator, ticket)
-        self._token = _current_request.set((request, coordinator, task, _current_request.get()))
-        return request
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        request = self._request
-        assert request is not None
-        if self._joined:
-            return
-        assert self._token is not None
-        try:
-            _exit(self._token, _current_request, request)
-        finally:
-            if request._ticket.state == GRANTED:
-                self._coordinator._release(request._ticket)

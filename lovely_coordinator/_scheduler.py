@@ -49,16 +49,28 @@ import heapq
 from typing import final
 
 from ._errors import CoordinatorBusyError, TupleSuspendedError
-from ._lines import DONE, GRANTED, INACTIVE, LENT, QUEUED, Ticket, TupleState, Wakeable
+from ._lending import Lending
+from ._lines import (
+    DONE,
+    GRANTED,
+    INACTIVE,
+    LENT,
+    QUEUED,
+    PermitTicket,
+    RequestTicket,
+    Ticket,
+    TupleState,
+    Wakeable,
+)
 from ._scheduler_checks import check_invariants
-from ._settings import SUSPENDED_MESSAGE, Settings
+from ._settings import SUSPENDED_MESSAGE
 from ._types import ModelTuple
 
 __all__ = ["SUSPENDED_MESSAGE", "Scheduler"]
 
 
 @final
-class Scheduler(Settings):
+class Scheduler(Lending):
     """Who gets the next slot. Synchronous; every call leaves the invariants true.
 
     Invariants (``check_invariants`` verifies them; the tests call it after every step):
@@ -115,16 +127,32 @@ class Scheduler(Settings):
             self._forget_if_idle(state)  # it may have been created just now
             raise CoordinatorBusyError()
 
-    def _new_ticket(
-        self, state: TupleState, order: int | None, reject: bool, request: bool
-    ) -> Ticket:
+    def _order(self, order: int | None) -> tuple[int, int]:
+        """The newcomer's key: its acceptance order (drawn or seen) and its arrival."""
         if order is None:
             self._counter += 1
             order = self._counter
         elif order > self._counter:
             self._counter = order
         self._seq += 1
-        ticket = Ticket(order, self._seq, state, reject, request)
+        return order, self._seq
+
+    def _queue(self, state: TupleState, ticket: Ticket) -> None:
+        self.queued += 1
+        state.queued += 1
+        if ticket.reject:
+            if state.foreground is None:
+                state.foreground = {}
+            state.foreground[ticket] = None
+
+    def _new_permit(self, state: TupleState, order: int | None, reject: bool) -> PermitTicket:
+        if order is None:
+            self._counter += 1
+            order = self._counter
+        elif order > self._counter:
+            self._counter = order
+        self._seq += 1
+        ticket = PermitTicket(order, self._seq, state, reject)
         self.queued += 1
         state.queued += 1
         if reject:
@@ -140,7 +168,7 @@ class Scheduler(Settings):
 
     def enqueue(
         self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
-    ) -> Ticket:
+    ) -> PermitTicket:
         """A permit's (or, not ``active``, a reservation's) place in line.
 
         Arguments must already be valid. ``order`` None draws a fresh acceptance order
@@ -152,17 +180,53 @@ class Scheduler(Settings):
             CoordinatorBusyError: ``max_queued`` waiters wait and this one would too.
             (Either way nothing changed and no order was drawn.)
         """
-        state = self._admit(model_tuple, reject)
-        fast = active and self._idle_capacity(state)
-        if self.max_queued is not None:
-            self._busy(state, active and self.active < self.limit and state.admits)
-        ticket = self._new_ticket(state, order, reject, False)
-        if fast:
-            ticket.state = QUEUED
-            self._grant(ticket)
-        elif active:
-            self._make_eligible(ticket)
-        self._changed()
+        state = self._tuples.get(model_tuple)
+        if state is None:
+            state = self._tuples[model_tuple] = TupleState(model_tuple)
+        elif reject and not state.open:
+            raise TupleSuspendedError(SUSPENDED_MESSAGE)
+        # The hot path, inlined: with both heaps empty nobody else may run (work
+        # conservation), so a newcomer that may run is the best waiter there is.
+        limit = state.limit
+        fast = (
+            active
+            and self.active < self.limit
+            and not self._ready
+            and not self._bypass
+            and state.open
+            and (limit is None or state.active + state.borrowed < limit)
+        )
+        if fast:  # granted at once: it never queues, so no count or line is touched
+            if order is None:
+                self._counter += 1
+                order = self._counter
+            elif order > self._counter:
+                self._counter = order
+            self._seq += 1
+            ticket = PermitTicket(order, self._seq, state, reject)  # (_order(), inlined)
+            ticket.state = GRANTED
+            self.active += 1
+            state.active += 1
+        else:
+            if self.max_queued is not None:
+                self._busy(state, active and self.active < self.limit and state.admits)
+            ticket = self._new_permit(state, order, reject)
+            if active:
+                line = state.permits
+                if self.active >= self.limit:
+                    # The contended path, inlined (_make_eligible): no capacity, so
+                    # nothing can be granted; only the line's ready entry may need a
+                    # better key (the common case, a ticket behind the head, needs none).
+                    ticket.state = QUEUED
+                    line.push(ticket)
+                    current = line.entry
+                    if current is None or ticket.order < current[0]:
+                        self._offer(line)  # (an equal order arrived later: never better)
+                else:
+                    self._make_eligible(ticket)
+        self.version += 1
+        if self.hooked or self._wakeups:
+            self.on_change()
         return ticket
 
     def enqueue_request(
@@ -171,8 +235,8 @@ class Scheduler(Settings):
         order: int | None,
         reject: bool,
         tokens: int,
-        cover: Ticket | None,
-    ) -> Ticket:
+        cover: PermitTicket | None,
+    ) -> RequestTicket:
         """A model request's place in line; ``cover`` is the current permit, if any.
 
         Raises as :meth:`enqueue`.
@@ -183,8 +247,8 @@ class Scheduler(Settings):
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
         if self.max_queued is not None:
             self._busy(state, self._would_run(state, order, tokens, cover if covered else None))
-        ticket = self._new_ticket(state, order, reject, True)
-        ticket.tokens = tokens
+        ticket = RequestTicket(*self._order(order), state, reject, tokens)
+        self._queue(state, ticket)
         ticket.state = QUEUED
         if cover is None:
             self._wait_own(ticket)
@@ -203,7 +267,7 @@ class Scheduler(Settings):
         self._changed()
         return ticket
 
-    def _wait_own(self, ticket: Ticket) -> None:
+    def _wait_own(self, ticket: RequestTicket) -> None:
         state = ticket.tuple_state
         state.requests.push(ticket)
         self._offer(state.requests)
@@ -262,21 +326,26 @@ class Scheduler(Settings):
         """
         state = ticket.state
         ticket.state = DONE
-        if ticket.request:
+        if isinstance(ticket, RequestTicket):
             assert state == GRANTED
             self._end_request(ticket)
-        elif state == GRANTED:
-            if self._give_up_cover(ticket):
-                ticket.deferred = True
-            else:
-                self._return_slot(ticket.tuple_state)
         else:
-            assert state == LENT
-            self.lent -= 1
-        ticket.candidates = None
-        self._changed()
+            assert isinstance(ticket, PermitTicket)
+            if state == GRANTED:
+                if ticket.covering is not None and self._give_up_cover(ticket):
+                    ticket.deferred = True
+                else:
+                    self._return_slot(ticket.tuple_state)
+            else:
+                assert state == LENT
+                self.lent -= 1
+            if ticket.candidates is not None:
+                ticket.candidates = None
+        self.version += 1
+        if self.hooked or self._wakeups:
+            self.on_change()
 
-    def _end_request(self, ticket: Ticket) -> None:
+    def _end_request(self, ticket: RequestTicket) -> None:
         state = ticket.tuple_state
         cover = ticket.cover
         if not ticket.covered or cover is None:
@@ -294,99 +363,6 @@ class Scheduler(Settings):
             self._hand_cover(cover)
             self._drain()
         self._forget_if_idle(state)
-
-    def _give_up_cover(self, permit: Ticket) -> bool:
-        """A held permit stops covering; True if a request is in flight on its slot."""
-        request = permit.covering
-        if request is None:
-            return False
-        if request.state == GRANTED:
-            return True
-        self._uncover(request)  # reserved only: back to a slot of its own
-        return False
-
-    def _uncover(self, request: Ticket) -> None:
-        state = request.tuple_state
-        cover = request.cover
-        assert cover is not None
-        state.covered.remove(request)
-        request.covered = False
-        cover.covering = None
-        if cover.state == DONE:
-            request.cover = None
-        else:  # lent: it may cover again once it is held again
-            if cover.candidates is None:
-                cover.candidates = []
-            heapq.heappush(cover.candidates, (request.order, request.seq, request))
-        state.requests.push(request)
-        self._offer(state.requests)
-        self._drain()
-
-    # -- lending ---------------------------------------------------------------------------------
-
-    def lend_begin(self, ticket: Ticket) -> Wakeable | None:
-        """A lend of a permit starts; returns a parker that must now be told ``False``.
-
-        Held: its slot goes back (unless a request is in flight on it: then it stays
-        taken until that request ends). Already lent: just counted. Waiting to reacquire
-        (an earlier lend ended): that wait is withdrawn, since this lend will reacquire
-        when it ends; the returned parker is that earlier lend's, to be woken with False.
-        """
-        state = ticket.state
-        withdrawn: Wakeable | None = None
-        if state == GRANTED:
-            ticket.state = LENT
-            self.lent += 1
-            if self._give_up_cover(ticket):
-                ticket.deferred = True
-            else:
-                self._return_slot(ticket.tuple_state)
-        elif state == QUEUED:
-            assert ticket.bypass
-            self._unqueue(ticket)  # it leaves the queue, and stays counted in lent
-            ticket.state = LENT
-            ticket.bypass = False
-            withdrawn, ticket.parker = ticket.parker, None
-            self._forget_if_idle(ticket.tuple_state)
-        ticket.lends += 1
-        self._changed()
-        return withdrawn
-
-    def lend_end(self, ticket: Ticket, parker: Wakeable) -> bool:
-        """A lend ends; True if it reacquires (``parker`` is then told when it is held).
-
-        Only the last of overlapping lends reacquires, with a fresh acceptance order or
-        the permit's original one (``fresh_reacquire``), bypassing gates and caps; it may
-        be granted inside this call. A permit whose slot stayed taken (a request in flight
-        on it) is simply held again. Released meanwhile: nothing to reacquire.
-        """
-        ticket.lends -= 1
-        if ticket.lends or ticket.state != LENT:
-            return False
-        if ticket.deferred:
-            ticket.deferred = False
-            ticket.state = GRANTED
-            self.lent -= 1
-            self._changed()
-            return False
-        order = self.next_order() if self.fresh_reacquire else ticket.origin
-        state = self._state(ticket.tuple_state.tuple)  # it may have been forgotten meanwhile
-        ticket.tuple_state = state
-        if order > self._counter:
-            self._counter = order
-        self._seq += 1
-        ticket.order = order
-        ticket.seq = self._seq
-        ticket.state = QUEUED
-        ticket.bypass = True
-        ticket.reject = False  # a reacquire is never failed by a closing gate
-        ticket.parker = parker
-        self.queued += 1
-        state.queued += 1
-        heapq.heappush(self._bypass, (order, ticket.seq, ticket))
-        self._drain()
-        self._changed()
-        return True
 
     # -- checking ---------------------------------------------------------------------------------
 

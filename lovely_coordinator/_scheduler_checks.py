@@ -24,7 +24,7 @@ __all__ = ["check_invariants", "peek"]
 
 def peek(line: Line) -> Ticket | None:
     """The best live ticket of ``line``, without touching it."""
-    live = [e for e in line.heap if line.live(e)]
+    live = [e for e in line.items if line.live(e)]
     return min(live, key=lambda e: (e[0], e[1]))[2] if live else None
 
 
@@ -35,8 +35,8 @@ def _held_back(state: TupleState, ticket: Ticket) -> bool:
 
 
 def _check_line(line: Line, state: TupleState) -> None:
-    live = [e for e in line.heap if line.live(e)]
-    assert len(line.heap) - len(live) == line.dead, f"dead count of {line}"
+    live = [e for e in line.items if line.live(e)]
+    assert len(line.items) - len(live) == line.dead, f"dead count of {line}"
     for entry in live:
         assert entry[2].line is line, f"{entry[2]} is live in {line} but not its line"
         assert entry[2].state == QUEUED, f"{entry[2]} is live in {line} but not queued"
@@ -47,9 +47,13 @@ def _check_line(line: Line, state: TupleState) -> None:
         assert not ticket.bypass
         assert ticket.request == (line.kind != 0), f"{ticket} in {line}"
         assert ticket.covered == (line.kind == 2), f"{ticket} in {line}"
-    heap = line.heap
-    for i in range(1, len(heap)):
-        assert heap[(i - 1) // 2][:2] <= heap[i][:2], f"heap order of {line}"
+    items = list(line.items)
+    if line.fifo:
+        for i in range(1, len(items)):
+            assert items[i - 1][:2] < items[i][:2], f"FIFO order of {line}"
+    else:
+        for i in range(1, len(items)):
+            assert items[(i - 1) // 2][:2] <= items[i][:2], f"heap order of {line}"
 
 
 def _has_wakeup(engine: Engine, instant: float, kind: int, state: TupleState) -> bool:
@@ -92,7 +96,7 @@ def check_invariants(engine: Engine) -> None:
             assert entry[:2] <= (head.order, head.seq), f"{line} ready with a later key"
             assert id(entry) in ready_entries, f"{line} entry not in the ready heap"
         # Covered requests wait only for the gate, a foreign cap or the budget.
-        for waiting in state.covered.heap:
+        for waiting in state.covered.items:
             ticket = waiting[2]
             if not state.covered.live(waiting):
                 continue
@@ -109,7 +113,7 @@ def check_invariants(engine: Engine) -> None:
                 f"{covered_head} could run on its cover but waits"
             )
         # A held permit that covers nothing has no waiting candidate.
-        for waiting in state.requests.heap:
+        for waiting in state.requests.items:
             ticket = waiting[2]
             cover = ticket.cover
             if not state.requests.live(waiting) or cover is None:

@@ -1,4 +1,4 @@
-"""The scheduler's settings: the global cap, tuple caps, gates and budgets.
+"""The scheduler's settings and time: the global cap, tuple caps, gates, budgets, wake-ups.
 
 Each call here changes one setting and then grants whatever that lets run, in order, before
 it returns (so a raised cap or an opened gate is work-conserving at once). Arguments are
@@ -12,9 +12,18 @@ import heapq
 from typing import Final
 
 from ._bucket import Bucket
-from ._engine import GATE, Engine
+from ._engine import DUE_SLACK, GATE, Engine, bypass_live, wakeup_live
 from ._errors import TupleSuspendedError
-from ._lines import Ticket, TupleState
+from ._lines import (
+    COMPACT_MIN,
+    DONE,
+    INACTIVE,
+    QUEUED,
+    RequestTicket,
+    Ticket,
+    TupleState,
+    Wakeable,
+)
 from ._types import ModelTuple
 
 __all__ = ["EXPLICIT_REQUESTS", "EXPLICIT_TOKENS", "SUSPENDED_MESSAGE", "Settings"]
@@ -29,9 +38,50 @@ EXPLICIT_TOKENS: Final = 2
 
 
 class Settings(Engine):
-    """Limits, gates and budgets on top of the grant loop."""
+    """Limits, gates, budgets and time on top of the grant loop."""
 
     __slots__ = ()
+
+    # -- leaving ---------------------------------------------------------------------------------
+
+    def _discard(self, ticket: Ticket) -> Wakeable | None:
+        assert ticket.state in (INACTIVE, QUEUED)
+        state = ticket.tuple_state
+        covered = ticket.covered
+        self._unqueue(ticket)
+        if ticket.bypass:
+            self.lent -= 1
+            ticket.bypass = False
+        ticket.state = DONE
+        parker, ticket.parker = ticket.parker, None
+        if isinstance(ticket, RequestTicket):
+            cover = ticket.cover
+            if covered and cover is not None:
+                ticket.covered = False
+                cover.covering = None
+                self._hand_cover(cover)
+            if state.block is ticket:
+                self._unblock(state)  # the front left: the next one may need less
+        self._forget_if_idle(state)
+        return parker
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        state = ticket.tuple_state
+        self.queued -= 1
+        state.queued -= 1
+        if ticket.reject and state.foreground is not None:
+            state.foreground.pop(ticket, None)
+        if ticket.state != QUEUED:
+            return  # inactive: in no line
+        if ticket.bypass:
+            self._bypass_dead += 1
+            if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
+                ticket.state = DONE  # so the rebuild drops it
+                self._bypass = [e for e in self._bypass if bypass_live(e)]
+                heapq.heapify(self._bypass)
+                self._bypass_dead = 0
+        elif ticket.line is not None:
+            ticket.line.remove(ticket)
 
     # -- caps ---------------------------------------------------------------------------------
 
@@ -140,7 +190,7 @@ class Settings(Engine):
             state.token_bucket.lower_to(tokens_remaining, now)
         self._budget_moved(state)
 
-    def settle(self, ticket: Ticket, tokens: int) -> None:
+    def settle(self, ticket: RequestTicket, tokens: int) -> None:
         """A request's real token usage replaces its charge: refund or charge the difference."""
         change = tokens - ticket.tokens
         ticket.tokens = tokens
@@ -159,6 +209,61 @@ class Settings(Engine):
             self._wake_tuple(state)
         self._forget_if_idle(state)
         self._changed()
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def advance(self) -> bool:
+        """Apply every wake-up that is due on the clock; True if any was.
+
+        Timed gates reopen (a closure is never cut short: only its own wake-up opens it),
+        budget blocks end and their requests try again.
+        """
+        now = self._clock() + DUE_SLACK
+        wakeups = self._wakeups
+        woken: dict[TupleState, None] = {}
+        while wakeups and wakeups[0][0] <= now:
+            wakeup = heapq.heappop(wakeups)
+            if not wakeup_live(wakeup):
+                continue
+            state = wakeup[3]
+            if wakeup[2] == GATE:
+                state.open = True
+                state.reopens_at = None
+            else:
+                state.block = None
+                state.block_until = None
+            woken[state] = None
+        if not woken:
+            return False
+        # Everything due happened at once: grant in order across all of it, not one
+        # wake-up after the other (a later one could hold a better key).
+        for state in woken:
+            covered = state.covered.head()
+            own = state.requests.head()
+            if covered is not None and state.budgeted and (own is None or covered.key < own.key):
+                self._serve_covered(state)
+            self._offer(state.permits)
+            self._offer(state.requests)
+        self._drain()
+        for state in woken:
+            self._serve_covered(state)
+            self._forget_if_idle(state)
+        self._changed()
+        return True
+
+    def shift_time(self, delta: float) -> None:
+        """Restate every stored instant on a clock ``delta`` seconds ahead (the same
+        instants, new numbers: the coordinator moved to another event loop's clock)."""
+        for state in self._tuples.values():
+            if state.reopens_at is not None:
+                state.reopens_at += delta
+            if state.block_until is not None:
+                state.block_until += delta
+            for bucket in (state.request_bucket, state.token_bucket):
+                if bucket is not None:
+                    bucket.shift(delta)
+        self._wakeups = [(at + delta, seq, kind, s) for at, seq, kind, s in self._wakeups]
+        heapq.heapify(self._wakeups)
 
 
 def _resized(bucket: Bucket | None, per_minute: float | None, now: float) -> Bucket | None:

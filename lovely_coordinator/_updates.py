@@ -81,35 +81,54 @@ class UpdateHub:
         snapshot: returns the current statistics; called when a delivery runs (never
             inside :meth:`notify`).
         lock: the coordinator's lock (notifies come from any thread holding it).
+        on_listening: called (under the lock) whenever :attr:`listening` may have changed,
+            so the coordinator notifies only while someone listens.
 
     Outside a running event loop (for example ``set_max_concurrency`` called at import
     time) a notify cannot schedule anything for subscriptions made outside a loop; the
     change is not lost, because the next delivery snapshots the state that includes it.
 
     Invariants:
-        * ``_version`` counts notifies; a watcher whose last yielded version is below it
-          has something new to yield.
+        * ``_version`` counts notifies, which happen on every change while anyone
+          listens (a subscription, or a ``watch()`` generator that has started and not
+          been closed); a watcher whose last yielded version is below it has something
+          new to yield.
         * ``_changed`` maps each loop with a waiting watcher to the unset event that the
           next notify sets (and drops).
         * ``_pending`` holds the loops on which a subscriber delivery is scheduled and has
           not run yet.
     """
 
-    __slots__ = ("_changed", "_lock", "_pending", "_snapshot", "_subscriptions", "_version")
+    __slots__ = (
+        "_changed",
+        "_lock",
+        "_on_listening",
+        "_pending",
+        "_snapshot",
+        "_subscriptions",
+        "_version",
+        "_watchers",
+    )
 
     def __init__(
-        self, snapshot: Callable[[], CoordinatorStatistics], lock: threading.RLock
+        self,
+        snapshot: Callable[[], CoordinatorStatistics],
+        lock: threading.RLock,
+        on_listening: Callable[[], object] = lambda: None,
     ) -> None:
         self._snapshot = snapshot
         self._lock = lock
+        self._on_listening = on_listening
         self._subscriptions: dict[_Subscription, None] = {}  # an insertion-ordered set
         self._changed: dict[object, anyio.Event] = {}
         self._pending: set[object] = set()
         self._version = 0
+        self._watchers = 0
 
     @property
     def listening(self) -> bool:
-        return bool(self._subscriptions or self._changed)
+        """Whether anyone listens: then every change must be notified."""
+        return bool(self._subscriptions) or self._watchers > 0
 
     def notify(self) -> None:
         """Record a state change and schedule its deliveries. Sync, never raises."""
@@ -145,10 +164,12 @@ class UpdateHub:
         subscription = _Subscription(callback, current_loop())
         with self._lock:
             self._subscriptions[subscription] = None
+            self._on_listening()
 
         def unsubscribe() -> None:
             with self._lock:
-                self._subscriptions.pop(subscription, None)
+                if self._subscriptions.pop(subscription, 0) is None:
+                    self._on_listening()
 
         return unsubscribe
 
@@ -190,15 +211,23 @@ class UpdateHub:
         inside ``async with contextlib.aclosing(coord.watch()) as updates:`` (which trio
         asks of every async generator left early). Closing it leaves nothing registered.
         """
-        seen = self._version
-        yield self._snapshot()
-        while True:
-            if seen == self._version:
-                await self._next_change(seen)
-            else:
-                await anyio.lowlevel.checkpoint()
+        with self._lock:
+            self._watchers += 1
+            self._on_listening()
+        try:
             seen = self._version
             yield self._snapshot()
+            while True:
+                if seen == self._version:
+                    await self._next_change(seen)
+                else:
+                    await anyio.lowlevel.checkpoint()
+                seen = self._version
+                yield self._snapshot()
+        finally:
+            with self._lock:
+                self._watchers -= 1
+                self._on_listening()
 
     async def _next_change(self, seen: int) -> None:
         loop = current_loop()

@@ -39,18 +39,20 @@ from typing import Any, Final, Generic, Protocol, TypeVar, final
 
 from ._backend import trio_running
 
-__all__ = ["CancelHandler", "Parker"]
+__all__ = ["CancelHandler", "Parker", "checkpoint_or_undo"]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
+K = TypeVar("K")
+K_contra = TypeVar("K_contra", contravariant=True)
 
 
-class CancelHandler(Protocol[T_contra]):
-    """What a parker tells when its wait is cancelled (see :meth:`Parker.wait`)."""
+class CancelHandler(Protocol[K_contra, T_contra]):
+    """What a parker tells its owner when its wait is cancelled (see :meth:`Parker.wait`)."""
 
-    def abort(self) -> object: ...
+    def _parker_abort(self, key: K_contra, /) -> object: ...
 
-    def undo(self, value: T_contra, /) -> object: ...
+    def _parker_undo(self, key: K_contra, value: T_contra, /) -> object: ...
 
 
 _PENDING: Final = 0
@@ -137,7 +139,10 @@ class Parker(Generic[T]):
             sys.modules["trio"].lowlevel.reschedule(task)
 
     async def wait(
-        self, owner: CancelHandler[T], lock: AbstractContextManager[object] = _NO_LOCK
+        self,
+        owner: CancelHandler[K, T],
+        key: K,
+        lock: AbstractContextManager[object] = _NO_LOCK,
     ) -> T:
         """Wait for the grant and return its value, or raise the failure.
 
@@ -145,11 +150,13 @@ class Parker(Generic[T]):
         already there.
 
         Args:
-            owner: told if the wait is cancelled: ``owner.abort()`` before any grant (it
-                must remove this waiter from its queue), ``owner.undo(value)`` after the
-                grant (it must give the value back: hand it to the next waiter). One
-                object rather than two callbacks: parked waiters are the coordinator's
-                memory, and this costs none of it.
+            owner: told if the wait is cancelled: ``owner._parker_abort(key)`` before any
+                grant (it must remove this waiter from its queue),
+                ``owner._parker_undo(key, value)`` after the grant (it must give the value
+                back: hand it to the next waiter). The owner and a key rather than two
+                callbacks: parked waiters are the coordinator's memory, and this costs
+                none of it.
+            key: what the owner needs to know which waiter left (a ticket).
             lock: the owner's lock, held while a cancelled wait decides between the two
                 (the grant may come from another thread).
         """
@@ -185,10 +192,10 @@ class Parker(Generic[T]):
                 self._state = _CLOSED
                 self._sleeper = None
                 if state == _PENDING:
-                    owner.abort()
+                    owner._parker_abort(key)
                 elif state == _GRANTED:
                     value, self._value = self._value, None
-                    owner.undo(value)  # type: ignore[arg-type]
+                    owner._parker_undo(key, value)  # type: ignore[arg-type]
             raise
         if self._state == _FAILED:
             error, self._error = self._error, None
@@ -211,3 +218,20 @@ class Parker(Generic[T]):
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+async def checkpoint_or_undo(owner: CancelHandler[K, bool], key: K) -> None:
+    """The checkpoint of a wait that was granted at once, without parking anything.
+
+    Exactly :meth:`Parker.wait` on a parker granted ``True`` before the wait, minus the
+    parker: the uncontended path of every acquire. A cancellation that lands here
+    undoes the grant (``owner._parker_undo(key, True)``) before it propagates.
+    """
+    try:
+        if trio_running():
+            await sys.modules["trio"].lowlevel.checkpoint()
+        else:
+            await asyncio.sleep(0)
+    except BaseException:
+        owner._parker_undo(key, True)
+        raise

@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from lovely_coordinator import AgentPermit, current_permit
-from lovely_coordinator._permits import _current, _enter, _exit, find_permit
+from lovely_coordinator._permits import _current, _enter, find_permit
+from lovely_coordinator._permits import restore as _exit
 
 
 class _Fake:

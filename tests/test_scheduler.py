@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 from hypothesis import settings
@@ -22,7 +23,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError
 from lovely_coordinator._bucket import Bucket
-from lovely_coordinator._lines import DONE, GRANTED, INACTIVE, LENT, QUEUED, Ticket
+from lovely_coordinator._lines import (
+    DONE,
+    GRANTED,
+    INACTIVE,
+    LENT,
+    QUEUED,
+    PermitTicket,
+    RequestTicket,
+    Ticket,
+)
 from lovely_coordinator._scheduler import SUSPENDED_MESSAGE, Scheduler
 
 A = ModelTuple("p", "a")
@@ -68,7 +78,7 @@ def enqueue(
     *,
     active: bool = True,
     reject: bool = False,
-) -> Ticket:
+) -> PermitTicket:
     ticket = s.enqueue(t, order, active, reject)
     s.check_invariants()
     return ticket
@@ -78,9 +88,9 @@ def request(
     s: Scheduler,
     t: ModelTuple = A,
     tokens: int = 0,
-    cover: Ticket | None = None,
+    cover: PermitTicket | None = None,
     order: int | None = None,
-) -> Ticket:
+) -> RequestTicket:
     ticket = s.enqueue_request(t, order, False, tokens, cover)
     s.check_invariants()
     return ticket
@@ -274,7 +284,7 @@ def test_cancelled_waiters_do_not_accumulate() -> None:
     for _ in range(1000):
         s.discard(enqueue(s))
     line = s._tuples[A].permits
-    assert len(line.heap) <= 2 * 64 + 2
+    assert len(line.items) <= 2 * 64 + 2
     s.release(holder)
     s.check_invariants()
 
@@ -303,7 +313,7 @@ def test_a_discarded_ticket_at_a_capped_tuple_is_never_granted() -> None:
     after = enqueue(s, A)
     s.discard(gone)
     s.check_invariants()
-    assert len(s._tuples[A].permits.heap) == 2  # the dead entry is still there: untouched
+    assert len(s._tuples[A].permits.items) == 2  # the dead entry is still there: untouched
     s.release(holder)
     assert states(gone, after) == [DONE, GRANTED]
     s.check_invariants()
@@ -996,12 +1006,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         ):
             with pytest.raises(CoordinatorBusyError):
                 self.s.enqueue_request(
-                    t, explicit, reject, tokens, None if cover_ref is None else cover_ref.ticket
+                    t, explicit, reject, tokens, None if cover_ref is None else permit(cover_ref)
                 )
             return
         order = m.next_order(explicit)
         ticket = self.s.enqueue_request(
-            t, explicit, reject, tokens, None if cover_ref is None else cover_ref.ticket
+            t, explicit, reject, tokens, None if cover_ref is None else permit(cover_ref)
         )
         ref = m.new_ref(ticket, t, order, reject)
         ref.request = True
@@ -1097,7 +1107,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             r.state, r.bypass = LENT, False
         r.lends += 1
         m.settle()
-        withdrawn = self.s.lend_begin(r.ticket)
+        withdrawn = self.s.lend_begin(permit(r))
         if withdrawn is not None:
             withdrawn.grant(False)
 
@@ -1121,7 +1131,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 r.order, r.seq, r.state, r.bypass, r.reject = order, m.seq, QUEUED, True, False
         m.settle()
         parker = FakeParker()
-        assert self.s.lend_end(r.ticket, parker) == expect
+        assert self.s.lend_end(permit(r), parker) == expect
         if expect:
             self.parkers[id(r)] = parker
             if r.state == GRANTED:
@@ -1230,7 +1240,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if change and budget is not None and budget.tokens is not None:
             budget.tokens.adjust(change, m.now)
             self._budget_moved(r.t)
-        self.s.settle(r.ticket, tokens)
+        self.s.settle(cast(RequestTicket, r.ticket), tokens)
 
     @rule(dt=st.sampled_from([0.1, 0.5, 1.0, 3.0, 10.0]))
     def tick(self, dt: float) -> None:
@@ -1331,6 +1341,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not any(
                 r.candidate and r.cover is p and r.state == QUEUED for r in self.m.refs
             ), p
+
+
+def permit(ref: Ref) -> PermitTicket:
+    assert isinstance(ref.ticket, PermitTicket)
+    return ref.ticket
 
 
 def _close(a: float | None, b: float | None) -> bool:
