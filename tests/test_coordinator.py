@@ -1870,3 +1870,16 @@ async def test_a_timed_reopen_armed_from_another_thread_runs_on_the_home_loop() 
         async with coord.permit(T):  # waits for the reopen, timed on this loop
             assert coord.is_tuple_open(T)
         assert_idle(coord)
+
+
+def test_tuple_statistics_is_one_entry_of_statistics() -> None:
+    coord = create_agent_coordinator(2)
+    assert coord.tuple_statistics(T) is None
+    coord.set_tuple_limit(T, 1)
+    coord.set_budget(U, tokens_per_minute=100)
+    for t in (T, U):
+        entry = coord.tuple_statistics(t)
+        assert entry is not None
+        assert entry == next(e for e in coord.statistics().tuples if e.tuple == t)
+    with pytest.raises(InvalidArgumentError):
+        coord.tuple_statistics(("", "x"))

@@ -604,6 +604,10 @@ def test_learn_budget_only_lowers_and_leaves_explicit_budgets_alone() -> None:
     assert (bucket.capacity, bucket.available(0.0)) == (600.0, 10.0)
     s.learn_budget(A, None, None, 500.0, None)  # never raises what is available
     assert bucket.available(0.0) == 10.0
+    s.learn_budget(A, 20.0, None, None, None)  # a learned cut keeps what is available
+    assert (bucket.capacity, bucket.available(0.0)) == (20.0, 10.0)
+    s.learn_budget(A, 5.0, None, None, None)  # ... at most the new capacity: no debt
+    assert bucket.available(0.0) == 5.0
     s.set_budget(A, 100.0, None)
     s.learn_budget(A, 600.0, None, None, None)  # explicit: the rate stands
     assert s._tuples[A].request_bucket.capacity == 100.0  # type: ignore[union-attr]
@@ -1218,9 +1222,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         m = self.m
         budget = m.budgets.setdefault(t, Budget())
         if requests is not None and not budget.explicit & 1:
-            budget.requests = _resized(budget.requests, requests, m.now)
+            budget.requests = _rerated(budget.requests, requests, m.now)
         if tokens is not None and not budget.explicit & 2:
-            budget.tokens = _resized(budget.tokens, tokens, m.now)
+            budget.tokens = _rerated(budget.tokens, tokens, m.now)
         if left_requests is not None and budget.requests is not None:
             budget.requests.lower_to(left_requests, m.now)
         if left_tokens is not None and budget.tokens is not None:
@@ -1351,6 +1355,19 @@ def permit(ref: Ref) -> PermitTicket:
 def _close(a: float | None, b: float | None) -> bool:
     # An instant computed at a different moment may differ in its last bits.
     return a == b or (a is not None and b is not None and abs(a - b) <= 1e-9 * max(1, abs(a)))
+
+
+def _rerated(bucket: Bucket | None, per_minute: float, now: float) -> Bucket:
+    # A learned rate keeps what is available (the model's own arithmetic, on purpose
+    # written apart from Bucket.rerate).
+    if bucket is None:
+        return Bucket(per_minute, now)
+    available = bucket.available(now)
+    bucket.stamp = now
+    bucket.level = min(per_minute, available)
+    bucket.capacity = per_minute
+    bucket.rate = per_minute / 60
+    return bucket
 
 
 def _resized(bucket: Bucket | None, per_minute: float | None, now: float) -> Bucket | None:

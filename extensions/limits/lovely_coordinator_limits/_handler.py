@@ -280,7 +280,7 @@ class ProviderLimitHandler:
             return
         t = draw.tuple
         coordinator = self.coordinator
-        entry = next((e for e in coordinator.statistics().tuples if e.tuple == t), None)
+        entry = coordinator.tuple_statistics(t)
         available = (
             (None, None) if entry is None else (entry.requests_available, entry.tokens_available)
         )
@@ -331,13 +331,8 @@ class ProviderLimitHandler:
         )
 
     def _tuple_limit(self, t: ModelTuple) -> int | None:
-        # The public API has no per-tuple getter for the cap; the statistics snapshot lists
-        # every capped tuple, so a missing entry means "no cap".
-        for entry in self.coordinator.statistics().tuples:
-            if entry.tuple == t:
-                limit: int | None = entry.limit
-                return limit
-        return None
+        entry = self.coordinator.tuple_statistics(t)  # None: not listed, so no cap
+        return None if entry is None else entry.limit
 
 
 def _format_limit(value: float | None) -> str:
