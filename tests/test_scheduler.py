@@ -1384,4 +1384,4 @@ SchedulerMachine.TestCase.settings = settings(
     stateful_step_count=60,
     deadline=None,
 )
-test_scheduler_matches_the_model = SchedulerMachine.TestCase
+test_scheduler_matches_the_model = pytest.mark.slow(SchedulerMachine.TestCase)
