@@ -23,7 +23,6 @@ from ._permits import CONTEXT_VERSION, find_permit, restore
 from ._shared import process_wide
 from ._types import ModelTuple
 from ._validate import as_index
-from ._waiter import checkpoint_or_undo
 
 if TYPE_CHECKING:
     from ._core import CoordinatorCore
@@ -144,13 +143,10 @@ class RequestContext:
             frame = frame[3]
         permit = find_permit(coordinator)
         cover = None if permit is None else permit._ticket
-        ticket, parker = coordinator._enqueue_request(
+        ticket, admitted = coordinator._enqueue_request(
             self._t, self._order, self._reject, self._tokens, cover
         )
-        if parker is None:  # granted at once: parks nothing
-            await checkpoint_or_undo(coordinator, ticket)
-        else:
-            await parker.wait(coordinator, ticket, coordinator._lock)
+        await admitted
         request = self._request = ModelRequest(coordinator, ticket)
         self._token = current_request_var.set(
             (request, coordinator, task, current_request_var.get())

@@ -145,7 +145,6 @@ class Scheduler(Lending):
                 state.foreground = {}
             state.foreground[ticket] = None
 
-
     def enqueue(
         self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
     ) -> PermitTicket:
