@@ -34,6 +34,7 @@ from lovely_coordinator._lines import (
     Ticket,
 )
 from lovely_coordinator._scheduler import SUSPENDED_MESSAGE, Scheduler
+from lovely_coordinator._scheduler_checks import peek_wakeup
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")
@@ -1272,7 +1273,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         m = self.m
         # The two compute an instant at possibly different moments, so they may differ in
         # the last bits; going to the later of the two makes both due.
-        wakeups = [w for w in (m.next_wakeup(), self.s.next_wakeup()) if w is not None]
+        wakeups = [w for w in (m.next_wakeup(), peek_wakeup(self.s)) if w is not None]
         wakeup = max(wakeups, default=None)
         m.now = wakeup if to_wakeup and wakeup is not None and wakeup > m.now else m.now + dt
         self.clock.now = m.now
@@ -1298,7 +1299,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if parker is not None and r.state == GRANTED and not r.bypass:
                 assert parker.granted in ([True], [False]), (r, parker)
         assert (s.active, s.queued, s.lent) == (m.active, m.queued, m.lent)
-        assert _close(s.next_wakeup(), m.next_wakeup())
+        assert _close(peek_wakeup(s), m.next_wakeup())  # a pure read, unlike next_wakeup()
         for t in TUPLES:
             state = s.tuple_state(t)
             if state is None:
