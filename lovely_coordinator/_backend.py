@@ -1,12 +1,16 @@
-"""The two event-loop services that anyio does not offer to synchronous code.
+"""The event-loop services anyio does not offer to synchronous code, in one place.
 
 Scheduling calls such as ``close_tuple(t, reopen_after=...)`` are plain functions, yet they
-must arrange for something to happen later on the running event loop: a timed reopen, or
-the asynchronous delivery of a statistics update. anyio has no public "call soon / call
-later" for sync code, so this module is the single place that reaches for the running
-backend: ``loop.call_soon``/``loop.call_at`` on asyncio, the trio token and a system task
-on trio. Times are absolute and on the anyio clock (``anyio.current_time()``), which is the
-loop's own clock on asyncio and trio's clock (including a ``MockClock``) on trio.
+must arrange for something to happen later on an event loop: a timed reopen, a budget
+wake-up, the delivery of a statistics update, the wake-up of a task parked on another
+thread's loop. anyio has no public "call soon / call later" for sync code, so this module is
+the single place that reaches for the running backend: ``loop.call_soon``/``call_at``
+(and ``call_soon_threadsafe``) on asyncio, the trio token and a system task on trio. It is
+also the one place that tells which backend is running.
+
+A *loop identity* is the running asyncio loop or the trio run's ``TrioToken``: hashable,
+never shared by two runs, and enough to schedule a call on that loop from any thread.
+Times are absolute, on that loop's anyio clock (``anyio.current_time()``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,11 +27,22 @@ __all__ = [
     "Timer",
     "call_at",
     "call_soon",
+    "call_soon_on",
     "current_loop",
+    "current_task",
     "current_time_or_none",
+    "loop_alive",
+    "trio_running",
 ]
 
 _log = logging.getLogger("lovely_coordinator")
+
+_sniffio_thread: Any
+try:
+    # trio sets ``thread_local.name = "trio"`` while it runs a task (sniffio's protocol).
+    from sniffio import thread_local as _sniffio_thread
+except ModuleNotFoundError:  # pragma: no cover - trio requires sniffio, so: asyncio only
+    _sniffio_thread = threading.local()
 
 
 class NoEventLoop(RuntimeError):
@@ -37,6 +53,11 @@ class Timer(Protocol):
     """A pending call; ``cancel()`` is idempotent and safe after it ran."""
 
     def cancel(self) -> None: ...
+
+
+def trio_running() -> bool:
+    """Whether the calling code runs in a trio task (cheap: a thread-local read)."""
+    return getattr(_sniffio_thread, "name", None) == "trio"
 
 
 def _trio_lowlevel() -> Any | None:
@@ -63,11 +84,7 @@ def _guarded(fn: Callable[[], object]) -> Callable[[], None]:
 
 
 def current_loop() -> object | None:
-    """An identity for the running event loop: the asyncio loop, or the trio run's token.
-
-    Two ``anyio.run`` calls never share one (an object kept alive by the caller is not
-    reused for a later loop). None outside an event loop.
-    """
+    """The identity of the running event loop (see the module docstring), or None."""
     # asyncio's non-raising lookup first: an exception per call would cost microseconds.
     loop = asyncio._get_running_loop()
     if loop is not None:
@@ -81,15 +98,39 @@ def current_loop() -> object | None:
     return None
 
 
-def current_time_or_none() -> float | None:
-    """The anyio clock's time, or None outside an event loop."""
-    lowlevel = _trio_lowlevel()
-    if lowlevel is not None:
-        return float(sys.modules["trio"].current_time())
+def current_task() -> object | None:
+    """The running task (an ``asyncio.Task`` or a trio ``Task``), or None."""
+    if trio_running():
+        return sys.modules["trio"].lowlevel.current_task()  # type: ignore[no-any-return]
     try:
-        return asyncio.get_running_loop().time()
+        return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+def current_time_or_none() -> float | None:
+    """The anyio clock's time, or None outside an event loop."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.time()
+    if _trio_lowlevel() is not None:
+        return float(sys.modules["trio"].current_time())
+    return None
+
+
+def loop_alive(loop: object) -> bool:
+    """Whether the event loop with this identity may still run callbacks."""
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        return loop.is_running() and not loop.is_closed()
+    try:
+        loop.run_sync_soon(_noop)  # type: ignore[attr-defined]
+    except RuntimeError:  # trio.RunFinishedError
+        return False
+    return True
+
+
+def _noop() -> None:
+    pass
 
 
 def call_soon(fn: Callable[[], object]) -> None:
@@ -98,15 +139,29 @@ def call_soon(fn: Callable[[], object]) -> None:
     Raises:
         NoEventLoop: called outside an asyncio loop or a trio run.
     """
-    lowlevel = _trio_lowlevel()
-    if lowlevel is not None:
-        lowlevel.current_trio_token().run_sync_soon(_guarded(fn))
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        loop.call_soon(_guarded(fn))
         return
+    lowlevel = _trio_lowlevel()
+    if lowlevel is None:
+        raise NoEventLoop("no running event loop")
+    lowlevel.current_trio_token().run_sync_soon(_guarded(fn))
+
+
+def call_soon_on(loop: object, fn: Callable[[], object]) -> bool:
+    """Run ``fn()`` soon on the event loop ``loop``, from any thread; False if it ended."""
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise NoEventLoop("no running event loop") from None
-    loop.call_soon(_guarded(fn))
+        if isinstance(loop, asyncio.AbstractEventLoop):
+            if loop is asyncio._get_running_loop():
+                loop.call_soon(_guarded(fn))
+            else:
+                loop.call_soon_threadsafe(_guarded(fn))
+        else:
+            loop.run_sync_soon(_guarded(fn))  # type: ignore[attr-defined]
+    except RuntimeError:  # the loop is closed, or trio.RunFinishedError
+        return False
+    return True
 
 
 class _TrioTimer:
@@ -120,26 +175,27 @@ class _TrioTimer:
 
 
 def call_at(deadline: float, fn: Callable[[], object]) -> Timer:
-    """Run ``fn()`` once the anyio clock reaches ``deadline``; returns a cancellable handle.
+    """Run ``fn()`` once the current loop's anyio clock reaches ``deadline``.
+
+    Returns a handle whose ``cancel()`` may only be called on that loop's thread.
 
     Raises:
         NoEventLoop: called outside an asyncio loop or a trio run.
     """
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.call_at(deadline, _guarded(fn))
     lowlevel = _trio_lowlevel()
-    if lowlevel is not None:
-        trio = sys.modules["trio"]
-        scope = trio.CancelScope()
-        call = _guarded(fn)
+    if lowlevel is None:
+        raise NoEventLoop("no running event loop")
+    trio = sys.modules["trio"]
+    scope = trio.CancelScope()
+    call = _guarded(fn)
 
-        async def sleeper() -> None:
-            with scope:
-                await trio.sleep_until(deadline)
-                call()
+    async def sleeper() -> None:
+        with scope:
+            await trio.sleep_until(deadline)
+            call()
 
-        lowlevel.spawn_system_task(sleeper, name="lovely_coordinator timer")
-        return _TrioTimer(scope)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise NoEventLoop("no running event loop") from None
-    return loop.call_at(deadline, _guarded(fn))
+    lowlevel.spawn_system_task(sleeper, name="lovely_coordinator timer")
+    return _TrioTimer(scope)

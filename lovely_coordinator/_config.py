@@ -14,11 +14,22 @@ any real number; both are stored as plain ``int`` / ``float``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import numbers
 import operator
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 
 from ._errors import InvalidArgumentError
 from ._types import ModelTuple, as_model_tuple
@@ -35,10 +46,23 @@ __all__ = [
 ReacquireOrder = Literal["fresh", "original"]
 
 
-def _plain_index(value: object) -> object:
+def _from_strings(info: ValidationInfo) -> bool:
+    # pydantic-core types ``mode`` as "python" | "json", but model_validate_strings runs
+    # with "string".
+    mode: object = getattr(info, "mode", None)
+    return mode == "string"
+
+
+def _plain_index(value: object, info: ValidationInfo) -> object:
     # numpy.int64 and friends are integers by operator.index but not int subclasses, so
     # pydantic's strict int would refuse them; hand it a plain int instead. Everything
-    # else (bool, str, float, ...) goes on to pydantic's own strict check and message.
+    # else (bool, str, float, ...) goes on to pydantic's own strict check and message,
+    # except a string given to model_validate_strings, which is parsed here (a before-
+    # validator's result reaches pydantic's check as a plain Python value).
+    if isinstance(value, str) and _from_strings(info):
+        with contextlib.suppress(ValueError):
+            return int(value)
+        return value
     if type(value) is int or isinstance(value, (bool, str, bytes, float)):
         return value
     try:
@@ -47,8 +71,12 @@ def _plain_index(value: object) -> object:
         return value
 
 
-def _plain_seconds(value: object) -> object:
+def _plain_seconds(value: object, info: ValidationInfo) -> object:
     # Any real number is a number of seconds (Fraction, numpy floats); bool is not.
+    if isinstance(value, str) and _from_strings(info):
+        with contextlib.suppress(ValueError):
+            return float(value)
+        return value
     if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
         return value
     try:
@@ -97,10 +125,14 @@ class ValidatedConfig(BaseModel):
 
     @classmethod
     def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        # pydantic hands a model with its own __init__ (ours, which wraps the errors) the
+        # raw input, so the strings would meet the strict python-mode checks there. Parse
+        # them with a twin model without that __init__, then validate the values.
         try:
-            return super().model_validate_strings(obj, *args, **kwargs)
+            parsed = _strings_twin(cls).model_validate_strings(obj, *args, **kwargs)
         except ValidationError as exc:
             raise cls._invalid(exc) from exc
+        return cls.model_validate(dict(parsed))
 
     def model_copy(self, *, update: Any = None, deep: bool = False) -> Self:
         """A copy; with ``update``, the updated values are validated like a new config."""
@@ -122,6 +154,15 @@ class ValidatedConfig(BaseModel):
             f"{'.'.join(str(p) for p in d['loc']) or 'config'}: {d['msg']}" for d in details
         )
         return cls._error_class(f"Invalid {cls._label}: {parts}", errors=details)
+
+
+@functools.cache
+def _strings_twin(cls: type[ValidatedConfig]) -> type[BaseModel]:
+    """A plain model with ``cls``'s fields, for parsing strings (see above)."""
+    fields: dict[str, Any] = {
+        name: (field.annotation, field) for name, field in cls.model_fields.items()
+    }
+    return create_model(f"{cls.__name__}Strings", __config__=cls.model_config, **fields)
 
 
 class CoordinatorConfig(ValidatedConfig):

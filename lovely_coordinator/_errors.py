@@ -8,6 +8,8 @@ whose meaning it shares::
     ├── InvalidArgumentError (ValueError)      a bad argument; nothing was changed
     │   ├── InvalidArgumentTypeError (TypeError)   ... of the wrong type
     │   └── LanesConfigInvalid                 an invalid lanes setting
+    │       └── LanesConfigTypeError (also InvalidArgumentTypeError)
+    │                                          ... of the wrong type (a non-callable)
     ├── UsageError (RuntimeError)              the API was used in a way it cannot be
     ├── CoordinatorBusyError                   max_queued waiters already wait
     ├── TupleSuspendedError                    the provider/model gate is closed
@@ -62,6 +64,7 @@ __all__ = [
     "LaneQueueFull",
     "LanesClosed",
     "LanesConfigInvalid",
+    "LanesConfigTypeError",
     "LeaseLostError",
     "PermitReleasedError",
     "QueueFullError",
@@ -75,7 +78,7 @@ __all__ = [
     "UsageError",
 ]
 
-ERRORS_VERSION: Final = 3
+ERRORS_VERSION: Final = 4
 """The shape of this tree (names, bases, constructors). Bumped whenever any of it changes."""
 
 SENTINEL_KEY: Final = "__lovely_coordinator_process_global_errors__"
@@ -112,6 +115,14 @@ class LanesConfigInvalid(InvalidArgumentError):
     ``errors`` carries pydantic's structured details when they exist. A lanes argument of
     the wrong type (a non-callable ``activate``) raises a subclass that is also an
     :class:`InvalidArgumentTypeError`.
+    """
+
+
+class LanesConfigTypeError(LanesConfigInvalid, InvalidArgumentTypeError):
+    """A lanes argument had the wrong type: ``activate`` or ``on_exit`` is not callable.
+
+    Both a :class:`LanesConfigInvalid` and an :class:`InvalidArgumentTypeError` (so also a
+    ``TypeError``); nothing was created.
     """
 
 

@@ -18,17 +18,20 @@ holds no resources until it is used, so building one that loses costs nothing.
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from typing import Final
 
+from ._controls import LIMIT_MESSAGE
 from ._coordinator import (
     AGENT_COORDINATOR_VERSION,
+    DEFAULT_LIMIT,
     AgentCoordinator,
-    _check_limit,
     create_agent_coordinator,
 )
 from ._errors import IncompatibleCoordinatorError
+from ._validate import as_index
 
 __all__ = ["get_agent_coordinator", "get_bash_coordinator"]
 
@@ -44,6 +47,8 @@ _METHODS: Final = (
     "next_acceptance_order",
     "set_max_concurrency",
     "set_tuple_limit",
+    "set_budget",
+    "request",
     "close_tuple",
     "open_tuple",
     "is_tuple_open",
@@ -69,8 +74,13 @@ _METHODS: Final = (
 # repeated calls skip the shape check. Keyed on identity: a replaced sentinel is checked.
 _verified: dict[str, tuple[object, object]] = {}
 
+# The keys whose ignored max_concurrency was already warned about (once is enough).
+_warned: set[str] = set()
 
-def get_agent_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
+_log = logging.getLogger("lovely_coordinator")
+
+
+def get_agent_coordinator(max_concurrency: int = DEFAULT_LIMIT) -> AgentCoordinator:
     """The process-global agent coordinator, created by the first call in the process.
 
     Every copy of the library in the process (vendored, reloaded) gets the same object:
@@ -78,9 +88,11 @@ def get_agent_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
     rather than ``isinstance`` checks against your copy's :class:`AgentCoordinator`.
 
     Args:
-        max_concurrency: the limit used if this call creates the coordinator; later calls
-            ignore it (use ``set_max_concurrency`` to change the limit). It is validated on
-            every call, so a bad value fails the same way whichever call comes first.
+        max_concurrency: the limit used if this call creates the coordinator (4 by
+            default); later calls ignore it (use ``set_max_concurrency`` to change the
+            limit), and log a warning, once, when an explicit value differs from the
+            coordinator's. It is validated on every call, so a bad value fails the same way
+            whichever call comes first.
 
     Raises:
         InvalidArgumentError: ``max_concurrency`` is not an int ≥ 1.
@@ -90,7 +102,7 @@ def get_agent_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
     return _get(AGENT_KEY, max_concurrency, "Lovely Agents")
 
 
-def get_bash_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
+def get_bash_coordinator(max_concurrency: int = DEFAULT_LIMIT) -> AgentCoordinator:
     """The process-global coordinator of background processes (bash), independent of agents.
 
     Same rules as :func:`get_agent_coordinator`: its slots, gates and queue are its own;
@@ -104,19 +116,34 @@ def get_bash_coordinator(max_concurrency: int = 4) -> AgentCoordinator:
 
 
 def _get(key: str, max_concurrency: int, label: str) -> AgentCoordinator:
-    _check_limit(max_concurrency)
+    explicit = max_concurrency is not DEFAULT_LIMIT
+    limit = as_index(max_concurrency, LIMIT_MESSAGE)
     sentinel = sys.modules.get(key)
     if sentinel is None:
         fresh = types.ModuleType(key, f"The process-global {label} coordinator.")
         fresh.AGENT_COORDINATOR_VERSION = AGENT_COORDINATOR_VERSION  # type: ignore[attr-defined]
-        fresh.coordinator = create_agent_coordinator(max_concurrency)  # type: ignore[attr-defined]
+        fresh.coordinator = create_agent_coordinator(limit)  # type: ignore[attr-defined]
         sentinel = sys.modules.setdefault(key, fresh)
+        explicit = explicit and sentinel is not fresh  # ours won: nothing was ignored
     coordinator = getattr(sentinel, "coordinator", None)
     verified = _verified.get(key)
     if verified is None or verified[0] is not sentinel or verified[1] is not coordinator:
         if not _compatible(sentinel, coordinator):
             raise IncompatibleCoordinatorError(f"Incompatible process-global {label} coordinator")
         _verified[key] = (sentinel, coordinator)
+    if explicit and key not in _warned:
+        current = getattr(coordinator, "max_concurrency", None)
+        if current != limit:
+            _warned.add(key)
+            _log.warning(
+                "get_%s_coordinator(max_concurrency=%d) ignored: the process-global %s "
+                "coordinator already exists with max_concurrency=%s; call "
+                "set_max_concurrency() to change it",
+                "agent" if key == AGENT_KEY else "bash",
+                limit,
+                label,
+                current,
+            )
     # It is an AgentCoordinator in shape, possibly another copy's class.
     return coordinator  # type: ignore[return-value]
 

@@ -28,15 +28,14 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, final
+from typing import final
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
-from ._errors import LanesConfigInvalid
+from ._errors import LanesConfigTypeError, UsageError
 from ._lanes_state import (
     ActivationRecord,
     LanesState,
@@ -45,50 +44,19 @@ from ._lanes_state import (
     WakeResult,
 )
 from ._lanes_types import (
+    Activation,
     ActivationFailed,
     ActivationInterrupted,
     ActivationSucceeded,
     Exit,
     LanesConfig,
+    current_activation_var,
 )
+from ._validate import as_callable
 
-__all__ = [
-    "Activation",
-    "Lanes",
-    "create_lanes",
-    "current_activation",
-]
+__all__ = ["Lanes", "create_lanes"]
 
 _log = logging.getLogger("lovely_coordinator.lanes")
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Activation:
-    """The running activation, as seen from inside it (:func:`current_activation`).
-
-    Attributes:
-        key: the lane.
-        started_at: ``anyio.current_time()`` when the activation started; the turn
-            timeout counts from here.
-        exit_stack: finalizers pushed here run after the body, shielded from stops. A
-            stop landing while they run keeps the body's own outcome; a finalizer that
-            raises makes the outcome ``ActivationFailed`` with only that error.
-    """
-
-    key: str
-    started_at: float
-    exit_stack: AsyncExitStack
-
-
-_current: Final = contextvars.ContextVar[Activation | None](
-    "lovely_coordinator.lanes.current_activation", default=None
-)
-
-
-def current_activation() -> Activation | None:
-    """The activation whose body (or a task started in it) is running, else None."""
-    return _current.get()
 
 
 class _Run(ActivationRecord):
@@ -228,16 +196,18 @@ class Lanes:
         with anyio.CancelScope(shield=True):
             try:
                 outcome = await self._execute(record)
-                await self._report(outcome)
+                on_exit_stops = await self._report(outcome)
             finally:
                 started = self._state.finish(record)
                 if record.ended is not None:
                     record.ended.set()
                 if started is not None:
                     self._spawn(started)
-        if isinstance(outcome, ActivationFailed) and isinstance(
-            outcome.cause, KeyboardInterrupt | SystemExit
-        ):
+        # KeyboardInterrupt and SystemExit ask the program to stop, not one activation:
+        # reported like any other exception first, they then end the lanes.
+        if on_exit_stops is not None:
+            raise on_exit_stops
+        if isinstance(outcome, ActivationFailed) and _stops_the_program(outcome.cause):
             raise outcome.cause
 
     async def _execute(self, record: _Run) -> Exit:
@@ -246,7 +216,7 @@ class Lanes:
             return ActivationInterrupted(key, record.stop)
         started_at = anyio.current_time()
         activation = Activation(key, started_at, AsyncExitStack())
-        token = _current.set(activation)
+        token = current_activation_var.set(activation)
         try:
             cause: BaseException | None = None
             try:
@@ -264,22 +234,35 @@ class Lanes:
             except BaseException as exc:
                 return ActivationFailed(key, exc)
         finally:
-            _current.reset(token)
+            current_activation_var.reset(token)
         if reason is not None:
             return ActivationInterrupted(key, reason)
         if cause is not None:
             return ActivationFailed(key, cause)
         return ActivationSucceeded(key)
 
-    async def _report(self, outcome: Exit) -> None:
+    async def _report(self, outcome: Exit) -> BaseException | None:
+        """Call ``on_exit``; returns what it raised if that must stop the program."""
         if self._on_exit is None:
-            return
+            return None
         try:
             result = self._on_exit(outcome)
             if inspect.isawaitable(result):
                 await result
-        except Exception:
-            _log.warning("on_exit failed for %s", outcome.key, exc_info=True)
+        except BaseException as exc:
+            # on_exit runs shielded, so no stop of ours can land in it: whatever it raised,
+            # a cancellation included, is its own, and never reaches the lanes.
+            _log.warning("on_exit failed for %s", outcome.key, exc_info=exc)
+            if _stops_the_program(exc):
+                return exc
+        return None
+
+
+def _stops_the_program(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or carries, ``KeyboardInterrupt`` or ``SystemExit``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup((KeyboardInterrupt, SystemExit)) is not None
+    return isinstance(exc, KeyboardInterrupt | SystemExit)
 
 
 def _ended(record: _Run) -> anyio.Event:
@@ -292,7 +275,7 @@ def _ended(record: _Run) -> anyio.Event:
 class _LanesScope:
     """The async context manager :func:`create_lanes` returns (single use)."""
 
-    __slots__ = ("_activate", "_config", "_lanes", "_on_exit", "_task_group")
+    __slots__ = ("_activate", "_config", "_lanes", "_left", "_on_exit", "_task_group")
 
     def __init__(
         self,
@@ -305,10 +288,19 @@ class _LanesScope:
         self._on_exit = on_exit
         self._task_group: TaskGroup | None = None
         self._lanes: Lanes | None = None
+        self._left = False
 
     async def __aenter__(self) -> Lanes:
+        if self._left:
+            raise UsageError(
+                "a create_lanes() context manager can be entered only once: leaving its"
+                " block closed its lanes for good; call create_lanes() again"
+            )
         if self._task_group is not None:
-            raise RuntimeError("create_lanes() context managers cannot be entered twice")
+            raise UsageError(
+                "this create_lanes() context manager is already entered: one 'async with'"
+                " block owns its lanes; share the Lanes it gave instead of entering it again"
+            )
         task_group = self._task_group = anyio.create_task_group()
         await task_group.__aenter__()
         context = contextvars.copy_context()
@@ -333,6 +325,7 @@ class _LanesScope:
             # may still notice a cancellation of the caller; the block's own exception
             # takes precedence over that (the cancellation is level-triggered, it is
             # delivered again at the caller's next checkpoint).
+            self._left = True
             try:
                 await self._task_group.__aexit__(None, None, None)
             except anyio.get_cancelled_exc_class():
@@ -355,6 +348,12 @@ def create_lanes(
     the block closes the lanes: later wakes fail, the queue is dropped, and every running
     activation is interrupted and awaited.
 
+    Whatever an activation or ``on_exit`` raises (``BaseException`` subclasses and a
+    cancellation of its own included) becomes an ``ActivationFailed`` or a logged warning,
+    and never reaches the lanes, the block or another activation. ``KeyboardInterrupt``
+    and ``SystemExit`` are the exception: reported or logged first, they then propagate
+    and end the lanes, as they end an asyncio or trio program from any task.
+
     Args:
         max_concurrent: activations running at once across all keys (int ≥ 1).
         max_queued: lanes allowed to wait for a slot (int ≥ 0), or None for no bound.
@@ -364,17 +363,26 @@ def create_lanes(
         on_exit: called with how each activation ended (``ActivationSucceeded``,
             ``ActivationFailed`` or ``ActivationInterrupted``), exactly once per
             activation, shielded; it may be sync or async. An exception it raises is
-            logged as a warning. It must not wait for ``cancel``/``close`` itself.
+            logged as a warning (``on_exit failed for <key>``, with the exception). It
+            must not wait for ``cancel``/``close`` itself.
 
     Raises:
-        LanesConfigInvalid: a setting is invalid, or ``activate``/``on_exit`` is not
-            callable. Nothing is created.
+        LanesConfigInvalid: a setting is invalid; for ``activate``/``on_exit`` that are
+            not callable, a subclass that is also an
+            :class:`~lovely_coordinator.InvalidArgumentTypeError` (a ``TypeError``).
+            Nothing is created.
+        UsageError: (entering the returned context manager) it was entered before.
     """
     config = LanesConfig(
         max_concurrent=max_concurrent, max_queued=max_queued, turn_timeout=turn_timeout
     )
-    if not callable(activate):
-        raise LanesConfigInvalid("Invalid lanes config: activate must be callable")
-    if on_exit is not None and not callable(on_exit):
-        raise LanesConfigInvalid("Invalid lanes config: on_exit must be callable or None")
+    as_callable(
+        activate, "Invalid lanes config: activate must be callable", type_error=LanesConfigTypeError
+    )
+    if on_exit is not None:
+        as_callable(
+            on_exit,
+            "Invalid lanes config: on_exit must be callable or None",
+            type_error=LanesConfigTypeError,
+        )
     return _LanesScope(config, activate, on_exit)

@@ -1,25 +1,31 @@
 """The lanes' configuration and the outcomes ``on_exit`` receives (CONTRACT §2).
 
 Plain values, apart from the runner in :mod:`._lanes`: a frozen, validated
-:class:`LanesConfig` (errors are :class:`LanesConfigInvalid`, never bare pydantic ones) and
-the three frozen outcome records, whose union is :data:`Exit`.
+:class:`LanesConfig` (errors are :class:`LanesConfigInvalid`, never bare pydantic ones),
+the three frozen outcome records, whose union is :data:`Exit`, and the
+:class:`Activation` an activation sees of itself through :func:`current_activation`.
 """
 
 from __future__ import annotations
 
+import contextvars
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, Final, final
 
 from ._config import NonNegativeIndex, PositiveIndex, PositiveSeconds, ValidatedConfig
 from ._errors import InvalidArgumentError, LanesConfigInvalid
 from ._lanes_state import StopReason
 
 __all__ = [
+    "Activation",
     "ActivationFailed",
     "ActivationInterrupted",
     "ActivationSucceeded",
     "Exit",
     "LanesConfig",
+    "current_activation",
+    "current_activation_var",
 ]
 
 
@@ -84,6 +90,35 @@ class ActivationInterrupted:
 
     key: str
     reason: StopReason
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """The running activation, as seen from inside it (:func:`current_activation`).
+
+    Attributes:
+        key: the lane.
+        started_at: ``anyio.current_time()`` when the activation started; the turn
+            timeout counts from here.
+        exit_stack: finalizers pushed here run after the body, shielded from stops. A
+            stop landing while they run keeps the body's own outcome; a finalizer that
+            raises makes the outcome ``ActivationFailed`` with only that error.
+    """
+
+    key: str
+    started_at: float
+    exit_stack: AsyncExitStack
+
+
+current_activation_var: Final = contextvars.ContextVar[Activation | None](
+    "lovely_coordinator.lanes.current_activation", default=None
+)
+
+
+def current_activation() -> Activation | None:
+    """The activation whose body (or a task started in it) is running, else None."""
+    return current_activation_var.get()
 
 
 Exit = ActivationSucceeded | ActivationFailed | ActivationInterrupted

@@ -8,242 +8,56 @@ its context holds the very values that turn's submitter had (one submitter, turn
 nothing: the common case), and otherwise spawns the turn a task of its own in the
 submitter's context. So a turn never sees the values of whoever started the conversation,
 nor those an earlier turn set. Which job runs next is decided by the
-:class:`~._turns_state.TurnTable`; this module only carries out its decisions.
+:class:`~._turns_state.TurnTable`; how a turn's outcome is decided, by the
+:class:`~._turns_job.Job`; this module only carries out their decisions.
 
 One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
-locker), ``job.run(fence)`` inside a cancel scope that ``interrupt`` and a lost lease
-cancel, the shielded lease release, and finally the job is marked done.
+locker, :mod:`._turns_lease`), ``job.run(fence)`` in the turn's shielded cancel scope,
+which only the turn's stops cancel (``interrupt``, a lost lease, the block left early),
+the shielded lease release, and finally the job is marked done.
 """
 
 from __future__ import annotations
 
 import contextvars
-import logging
-import math
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Final, Literal, Protocol, TypeVar, cast, final
+from typing import Any, Final, TypeVar, final
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
 from ._errors import (
-    CoordinationUnavailableError,
-    CoordinatorError,
     DrainingError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    LeaseLostError,
-    TurnDropped,
     TurnInterrupted,
+    UsageError,
 )
-from ._turns_state import Multitask, TurnTable, check_multitask
+from ._turns_job import Job, enter_turn, leave_turn, running_turn
+from ._turns_lease import LeasedTurns
+from ._turns_state import (
+    Multitask,
+    TurnStatistics,
+    TurnTable,
+    check_conversation_id,
+    check_multitask,
+)
+from ._turns_types import DEFAULT_MAX_QUEUED, Locker
+from ._validate import as_seconds
 
-__all__ = [
-    "DEFAULT_MAX_QUEUED",
-    "RELEASE_TIMEOUT",
-    "Job",
-    "Lease",
-    "LeaseSignal",
-    "Locker",
-    "TurnRegistry",
-]
+__all__ = ["TurnRegistry"]
 
 T = TypeVar("T")
 
-DEFAULT_MAX_QUEUED: Final = 10
-"""How many turns may wait behind the running one in a conversation, by default."""
-
-RELEASE_TIMEOUT: Final = 30.0
-"""Seconds a lease's release may take before it is abandoned (and left to lapse)."""
-
-_log = logging.getLogger("lovely_coordinator.turns")
-
-
-class LeaseSignal(Protocol):
-    """What :attr:`Lease.lost` must offer; :class:`anyio.Event` is one."""
-
-    def is_set(self) -> bool: ...
-
-    async def wait(self) -> object: ...
-
-
-class Lease(Protocol):
-    """A held cross-replica lock on one conversation."""
-
-    @property
-    def fence(self) -> int:
-        """The fencing token of this grant; strictly increases per conversation."""
-        ...
-
-    @property
-    def lost(self) -> LeaseSignal:
-        """Set once the lease can no longer be shown to be held; the turn is then cancelled."""
-        ...
-
-    async def release(self) -> None:
-        """Give the lease up; idempotent."""
-        ...
-
-
-class Locker(Protocol):
-    """Serializes a conversation's turns across server replicas (one lease per turn)."""
-
-    async def acquire(self, conversation_id: str) -> Lease:
-        """Wait (cancellably) until this replica holds the conversation's lease.
-
-        An exception means the lease could not be had; the turn is then refused with
-        :class:`CoordinationUnavailableError`.
-        """
-        ...
-
-
-_NEW: Final = 0
-_QUEUED: Final = 1
-_CURRENT: Final = 2  # its task is taking its turn
-_DONE: Final = 3
-
-_Phase = Literal[0, 1, 2, 3]
-
-
-@final
-class Job:
-    """One turn of a conversation, submitted once to a :class:`TurnRegistry`.
-
-    Args:
-        run: the turn; called with the lease's fencing token (0 without a locker).
-        on_dequeue: called (sync) when a job that had to wait reaches the head of its
-            queue, just before its lease is acquired (or it runs, without a locker).
-            Never called for a job that started at once, for a dropped one, nor for one
-            refused without a lease attempt because the registry drains.
-        on_refused: called (sync) with the error when the turn is refused: the lease could
-            not be had (:class:`CoordinationUnavailableError`) or the registry was draining
-            (:class:`DrainingError`).
-
-    Exceptions raised by the callbacks are logged and otherwise ignored.
-    """
-
-    # A job's completion is a broadcast to any number of waiters (its run() caller, a
-    # UI task, ...) that hands nothing over, so a waiter cancelled after the wake-up has
-    # nothing to give back: a level-triggered anyio.Event owned by the job is the whole
-    # mechanism, and Parker (one waiter, grant/undo) would add nothing. The event is made
-    # lazily because a Job may be built outside an event loop.
-    __slots__ = (
-        "_body_ended",
-        "_context",
-        "_dropped",
-        "_error",
-        "_event",
-        "_phase",
-        "_result",
-        "_scope",
-        "_stop",
-        "on_dequeue",
-        "on_refused",
-        "run",
-    )
-
-    def __init__(
-        self,
-        run: Callable[[int], Awaitable[object]],
-        on_dequeue: Callable[[], object] | None = None,
-        on_refused: Callable[[BaseException], object] | None = None,
-    ) -> None:
-        self.run = run
-        self.on_dequeue = on_dequeue
-        self.on_refused = on_refused
-        self._phase: _Phase = _NEW
-        self._dropped = False
-        self._error: BaseException | None = None
-        self._result: object = None
-        self._event: anyio.Event | None = None
-        # The turn's cancel scope while its task takes it, and the first reason to stop
-        # it (TurnInterrupted or LeaseLostError), recorded as the job's error if the
-        # cancellation is what ended the body.
-        self._scope: anyio.CancelScope | None = None
-        self._stop: CoordinatorError | None = None
-        self._body_ended = False
-        # The context of the submit() that queued the job; its turn's task is spawned in it.
-        self._context: contextvars.Context | None = None
-
-    @property
-    def done(self) -> bool:
-        """True once the job ran, failed, was refused or was dropped (and reached)."""
-        return self._phase == _DONE
-
-    @property
-    def dropped(self) -> bool:
-        """True if the job will never run (its ``run`` caller left, or it was replaced)."""
-        return self._dropped
-
-    @property
-    def error(self) -> BaseException | None:
-        """The turn's exception, the refusal, or the interruption; None on success."""
-        return self._error
-
-    async def wait(self) -> None:
-        """Wait until :attr:`done`. Always a checkpoint; never raises the job's error.
-
-        Raises:
-            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
-                running turn, or a task it started, for a job queued behind that turn: it
-                could only be done after the caller's turn ended. The job stays queued.
-        """
-        if self._phase == _DONE:
-            await anyio.lowlevel.checkpoint()
-            return
-        running = _running_turn.get()
-        if running is not None and self._phase == _QUEUED:
-            registry, conversation_id, _ = running
-            if registry._in_turn_of(conversation_id) and self in registry._table.pending(
-                conversation_id
-            ):
-                raise _MisuseError(
-                    "a turn cannot wait for a later turn of its own conversation;"
-                    " let it run after this one"
-                )
-        if self._event is None:
-            self._event = anyio.Event()
-        await self._event.wait()
-
-    def __repr__(self) -> str:
-        phase = ("new", "queued", "current", "done")[self._phase]
-        flags = " dropped" if self._dropped else ""
-        return f"<Job {phase}{flags} error={self._error!r}>"
-
-
-def _call_back(callback: Callable[..., object] | None, *args: object) -> None:
-    if callback is None:
-        return
-    try:
-        callback(*args)
-    except Exception:
-        _log.exception("turn callback %r failed", callback)
-
-
-def _finish(job: Job) -> None:
-    job._phase = _DONE
-    job._scope = None
-    job._context = None
-    if job._event is not None:
-        job._event.set()
-
-
-def _refuse(job: Job, error: CoordinatorError) -> None:
-    job._error = error
-    _call_back(job.on_refused, error)
-
-
-def _stop(job: Job, reason: CoordinatorError) -> None:
-    """Cancel the job's turn with ``reason``, unless another reason came first."""
-    if job._stop is None:
-        job._stop = reason
-    if job._scope is not None:
-        job._scope.cancel()
-
-
 _ABSENT: Final = object()
+
+SELF_RUN: Final = (
+    "a turn cannot run() a later turn of its own conversation and wait for it: that turn"
+    " starts only after this one has ended, so the wait would never return; submit() it"
+    " instead"
+)
 
 
 def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
@@ -255,32 +69,9 @@ def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
     return len(a) == len(b) and all(b.get(var, _ABSENT) is value for var, value in a.items())
 
 
-def _check_conversation_id(conversation_id: object) -> str:
-    if not isinstance(conversation_id, str):
-        raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
-    if not conversation_id:
-        raise InvalidArgumentError("conversation_id must be a nonempty string")
-    return conversation_id
-
-
-class _MisuseError(CoordinatorError, RuntimeError):
-    """A programming error, such as a certain deadlock.
-
-    Raised when the registry is used outside its ``async with`` lifecycle, or when a turn
-    would wait for a later turn of its own conversation.
-    """
-
-
-# The turn whose body (or a task it started) is running here: its registry, conversation
-# and job. Reset after the turn, so that the task's context can serve the next turn.
-_running_turn: Final = contextvars.ContextVar[tuple["TurnRegistry", str, Job] | None](
-    "lovely_coordinator.turns.running_turn", default=None
-)
-
-
 _UNENTERED: Final = 0
 _OPEN: Final = 1
-_CANCELLING: Final = 2  # leaving the block by an exception: the turn tasks are cancelled
+_CANCELLING: Final = 2  # leaving the block by an exception: every turn is stopped
 _CLOSED: Final = 3
 
 
@@ -300,7 +91,13 @@ class TurnRegistry:
     user, :func:`~lovely_coordinator.current_permit`) follow the turn, whoever else submitted
     to the conversation before it. Values a turn sets stay in its own copy. A turn may
     :meth:`submit` to its own conversation, but not wait for that later turn: :meth:`run`
-    and :meth:`Job.wait` raise rather than deadlock.
+    and :meth:`Job.wait` raise :class:`UsageError` rather than deadlock.
+
+    Whatever a turn raises is recorded on its job and logged, and never reaches the
+    registry, the caller's block or another conversation; see :class:`Job` for how a
+    turn's outcome is decided (a stop that lands while it runs decides it).
+    ``KeyboardInterrupt`` and ``SystemExit`` are the exception: recorded, then they
+    propagate and end the registry.
 
     Args:
         locker: serializes turns across replicas; each turn first takes a lease from it
@@ -316,14 +113,12 @@ class TurnRegistry:
     """
 
     def __init__(self, locker: Locker | None = None, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
-        self._table: TurnTable[Job] = TurnTable(max_queued)
-        self._locker = locker
+        self._table: TurnTable[Job[Any]] = TurnTable(max_queued)
+        self._leases = None if locker is None else LeasedTurns(locker)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._lifecycle = _UNENTERED
         # Set (and forgotten) when the last busy conversation becomes idle; made on demand.
         self._idle: anyio.Event | None = None
-        # The cancel scopes of the lease acquisitions in progress, which drain() cancels.
-        self._acquiring: dict[Job, anyio.CancelScope] = {}
 
     @property
     def max_queued(self) -> int:
@@ -335,12 +130,24 @@ class TurnRegistry:
         """True once :meth:`drain` was called (or the ``async with`` block was left)."""
         return self._table.draining
 
+    def statistics(self) -> TurnStatistics:
+        """A snapshot: busy conversations, running and waiting turns, and draining."""
+        return self._table.statistics()
+
     def __repr__(self) -> str:
         return f"<TurnRegistry busy={len(self._table)} draining={self._table.draining}>"
 
     async def __aenter__(self) -> TurnRegistry:
+        if self._lifecycle == _OPEN:
+            raise UsageError(
+                "this TurnRegistry is already entered: one 'async with' block owns its"
+                " turns; share the registry it gave instead of entering it again"
+            )
         if self._lifecycle != _UNENTERED:
-            raise _MisuseError("a TurnRegistry can be entered only once")
+            raise UsageError(
+                "a TurnRegistry can be entered only once: leaving its 'async with' block"
+                " ended its turns for good; create a new TurnRegistry"
+            )
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -364,11 +171,17 @@ class TurnRegistry:
                 failed_wait = error
         leaving_by = exc if exc is not None else failed_wait
         if leaving_by is not None:
+            # The turns' scopes are shielded: the registry stops each one itself (and the
+            # turn tasks take no next turn), rather than cancelling the task group.
             self._lifecycle = _CANCELLING
-            task_group.cancel_scope.cancel()
-        # The turn tasks never raise (a turn's failure is recorded on its job), so the task
-        # group only needs to see a cancellation, which may be its own; any other
-        # exception from the body propagates as it is, not wrapped in an exception group.
+            for conversation_id in self._table.busy():
+                current = self._table.current(conversation_id)
+                assert current is not None
+                current._interrupt(TurnInterrupted())
+        # The turn tasks never raise (a turn's failure is recorded on its job; only
+        # KeyboardInterrupt and SystemExit escape), so the task group only needs to see a
+        # cancellation, which may be its own; any other exception from the body propagates
+        # as it is, not wrapped in an exception group.
         cancelled = leaving_by if isinstance(leaving_by, anyio.get_cancelled_exc_class()) else None
         suppressed = False
         try:
@@ -388,7 +201,7 @@ class TurnRegistry:
             raise failed_wait
         return False
 
-    def submit(self, conversation_id: str, job: Job, multitask: Multitask = "enqueue") -> int:
+    def submit(self, conversation_id: str, job: Job[Any], multitask: Multitask = "enqueue") -> int:
         """Hand ``job`` to the conversation's queue; never waits.
 
         Returns:
@@ -401,28 +214,28 @@ class TurnRegistry:
             QueueFullError: ``max_queued`` turns already wait.
             InvalidArgumentError: a bad ``conversation_id``, ``multitask``, or a job that
                 was submitted before.
+            UsageError: the registry was not entered yet.
 
         When it raises, the job is untouched and never runs.
         """
-        conversation_id = _check_conversation_id(conversation_id)
+        conversation_id = check_conversation_id(conversation_id)
         if not isinstance(job, Job):
             raise InvalidArgumentTypeError("job must be a Job")
-        if job._phase != _NEW:
+        if not job._is_new:
             raise InvalidArgumentError("a Job can be submitted only once")
         mode = check_multitask(multitask)
         if self._lifecycle == _UNENTERED:
-            raise _MisuseError("enter the TurnRegistry with 'async with' before submitting turns")
+            raise UsageError(
+                "enter the TurnRegistry with 'async with' before submitting turns:"
+                " its turns run in the task group that block opens"
+            )
         admission = self._table.admit(conversation_id, job, mode)
         for dropped in admission.dropped:
-            dropped._dropped = True
-            _finish(dropped)
+            dropped._drop()
         if admission.interrupted is not None:
-            _stop(admission.interrupted, TurnInterrupted())
-        if admission.position:
-            job._phase = _QUEUED
-            job._context = contextvars.copy_context()
-        else:
-            job._phase = _CURRENT
+            admission.interrupted._interrupt(TurnInterrupted())
+        job._admit(self, conversation_id, queued=admission.position > 0)
+        if not admission.position:
             # start_soon copies the current context: the task runs in the caller's.
             assert self._task_group is not None
             self._task_group.start_soon(self._turn_task, conversation_id, job, False)
@@ -441,42 +254,30 @@ class TurnRegistry:
 
         Raises:
             TurnDropped: the job was dropped by ``interrupt``/``replace_queued``.
-            TurnInterrupted, LeaseLostError: the turn was cancelled.
+            TurnInterrupted, LeaseLostError: the turn was stopped. A turn that ended by a
+                cancellation it raised itself also raises :class:`TurnInterrupted` here,
+                from that cancellation (which is ``job.error``): raised bare, it would
+                look like this caller being cancelled.
             DrainingError, CoordinationUnavailableError: the turn was refused.
-            RuntimeError: (a :class:`~lovely_coordinator.CoordinatorError`) called from a
-                running turn of the same conversation, or a task it started: the new turn
-                could only start after the caller's own turn ended, so waiting would
-                deadlock. Nothing is submitted; :meth:`submit` is allowed there.
+            InvalidArgumentTypeError: ``run`` is not callable; nothing is submitted.
+            UsageError: called from a running turn of the same conversation, or a task it
+                started: the new turn could only start after the caller's own turn ended,
+                so waiting would deadlock. Nothing is submitted; :meth:`submit` is
+                allowed there.
             ...and everything :meth:`submit` raises, and the turn's own exception.
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._in_turn_of(conversation_id):
-            raise _MisuseError(
-                "a turn cannot wait for a later turn of its own conversation; submit() it instead"
-            )
         job = Job(run)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        running = running_turn()
+        if running is not None and running._is_turn_of(self, conversation_id):
+            raise UsageError(SELF_RUN)
         self.submit(conversation_id, job, multitask)
         try:
             await job.wait()
         except BaseException:
-            if job._phase == _QUEUED:
-                job._dropped = True
+            job._abandon()
             raise
-        if job._dropped:
-            raise TurnDropped
-        if job._error is not None:
-            raise job._error
-        return cast(T, job._result)
-
-    def _in_turn_of(self, conversation_id: str) -> bool:
-        """Whether the caller is a running turn of the conversation (or a task it started)."""
-        running = _running_turn.get()
-        return (
-            running is not None
-            and running[0] is self
-            and running[1] == conversation_id
-            and self._table.current(conversation_id) is running[2]
-        )
+        return job._outcome()
 
     def waiting(self, conversation_id: str) -> int:
         """How many turns wait (not running) in the conversation; 0 when idle or unknown.
@@ -486,7 +287,7 @@ class TurnRegistry:
         Raises:
             InvalidArgumentError: ``conversation_id`` is not a nonempty string.
         """
-        return self._table.waiting(_check_conversation_id(conversation_id))
+        return self._table.waiting(check_conversation_id(conversation_id))
 
     def drain(self) -> None:
         """Refuse new turns with :class:`DrainingError`; idempotent.
@@ -495,26 +296,27 @@ class TurnRegistry:
         acquisitions in progress are cancelled and every turn that has not got its lease
         yet is refused with :class:`DrainingError`.
         """
-        self._table.draining = True
-        for scope in self._acquiring.values():
-            scope.cancel()
+        self._table.drain()
+        if self._leases is not None:
+            self._leases.cancel_acquisitions()
 
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait until every admitted turn has finished.
 
         Args:
-            timeout: seconds to wait at most; None waits without limit.
+            timeout: seconds to wait at most (any finite real number ≥ 0); None waits
+                without limit.
 
         Returns:
             True when no turn remains, False when ``timeout`` passed first.
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is negative, NaN, infinite or too large to
+                be a number of seconds (an :class:`InvalidArgumentTypeError` when it is
+                not a number at all).
         """
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or math.isnan(timeout)
-            or timeout < 0
-        ):
-            raise InvalidArgumentError("timeout must be a nonnegative number or None")
+        if timeout is not None:
+            timeout = as_seconds(timeout, "timeout must be a nonnegative finite number or None")
         if not self._table:
             await anyio.lowlevel.checkpoint()
             return True
@@ -528,17 +330,22 @@ class TurnRegistry:
 
     # -- the turn tasks ---------------------------------------------------------------
 
-    async def _turn_task(self, conversation_id: str, job: Job, waited: bool) -> None:
-        # A registry being cancelled starts no turn's code; _sweep() ends the jobs left.
-        while self._lifecycle == _OPEN:
-            token = _running_turn.set((self, conversation_id, job))
+    async def _turn_task(self, conversation_id: str, job: Job[Any], waited: bool) -> None:
+        # A registry being left by an exception starts no turn's code: _sweep() ends the
+        # jobs left (refusing the queued ones) once every turn task is over.
+        if self._lifecycle != _OPEN:
+            return
+        while True:
+            token = enter_turn(job)
             await self._take_turn(conversation_id, job, waited)
-            _running_turn.reset(token)
+            leave_turn(token)
+            if self._lifecycle != _OPEN:
+                job._finish()
+                return
             next_job = self._advance(conversation_id, job)
             if next_job is None:
                 return
-            context, next_job._context = next_job._context, None
-            assert context is not None
+            context = next_job._take_context()
             if not _same_values(context, contextvars.copy_context()):
                 # The next turn gets a task of its own, spawned in its submitter's context.
                 # (The context is used once: Context.run cannot be re-entered.)
@@ -553,125 +360,46 @@ class TurnRegistry:
             # spawning a task per turn.
             job, waited = next_job, True
 
-    def _advance(self, conversation_id: str, job: Job) -> Job | None:
+    def _advance(self, conversation_id: str, job: Job[Any]) -> Job[Any] | None:
         """Finish ``job`` and return the next job to take, forgetting an idle conversation.
 
         Dropped jobs reached on the way are finished and skipped.
         """
         while True:
-            _finish(job)
+            job._finish()
             next_job = self._table.advance(conversation_id, job)
             if next_job is None:
                 if not self._table:
                     self._became_idle()
                 return None
-            next_job._phase = _CURRENT
-            if not next_job._dropped:
+            if next_job._reach():
                 return next_job
             job = next_job
 
-    async def _take_turn(self, conversation_id: str, job: Job, waited: bool) -> None:
-        """Take the job's turn, recording its outcome on it (the caller finishes it)."""
-        if self._locker is not None and self._table.draining and job._stop is None:
+    async def _take_turn(self, conversation_id: str, job: Job[Any], waited: bool) -> None:
+        """Take the job's turn, recording its outcome on it (the caller finishes it).
+
+        Returns normally however the turn ended, but for ``KeyboardInterrupt`` and
+        ``SystemExit``. It awaits only inside the turn's shielded scope, so no
+        cancellation but the turn's own stop ever lands in a turn task.
+        """
+        if self._leases is not None and self._table.draining and not job._stopped:
             # No lease will be acquired, so there is no dequeue to announce.
-            _refuse(job, DrainingError())
+            job._refuse(DrainingError())
             return
         if waited:
-            _call_back(job.on_dequeue)
-        if job._stop is not None:  # interrupted before its turn began
-            job._error = job._stop
-            return
-        with anyio.CancelScope() as scope:
-            job._scope = scope
-            if self._locker is None:
-                await self._call(conversation_id, job, 0)
-            else:
-                await self._take_leased_turn(conversation_id, job, self._locker)
-        job._scope = None
-        if scope.cancelled_caught and not job._body_ended:
-            job._error = job._stop
-
-    async def _take_leased_turn(self, conversation_id: str, job: Job, locker: Locker) -> None:
-        if self._table.draining:  # drain() was called by on_dequeue
-            _refuse(job, DrainingError())
-            return
-        lease: Lease | None = None
-        with anyio.CancelScope() as acquiring:
-            self._acquiring[job] = acquiring
-            try:
-                lease = await locker.acquire(conversation_id)
-            except Exception as exc:
-                refusal: CoordinatorError
-                if acquiring.cancel_called:
-                    refusal = DrainingError()
-                else:
-                    refusal = CoordinationUnavailableError()
-                    _log.warning(
-                        "could not lock conversation %r for a turn", conversation_id, exc_info=exc
-                    )
-                refusal.__cause__ = exc
-                _refuse(job, refusal)
-                return
-            finally:
-                del self._acquiring[job]
-                if not self._acquiring:
-                    self._acquiring = {}  # give a burst's dict capacity back
-        if lease is None:  # drain() cancelled the acquisition
-            _refuse(job, DrainingError())
+            job._dequeued()
+        if job._stopped:  # interrupted before its turn began
+            job._end_stopped()
             return
         try:
-            if lease.lost.is_set():
-                job._error = LeaseLostError()
-                return
-            async with anyio.create_task_group() as task_group:
-                task_group.start_soon(_cancel_on_loss, lease, job)
-                await self._call(conversation_id, job, lease.fence)
-                task_group.cancel_scope.cancel()
+            with job._open_scope():
+                if self._leases is None:
+                    await job._call(0, conversation_id)
+                else:  # (on_dequeue may have called drain())
+                    await self._leases.take(conversation_id, job, self._table.draining)
         finally:
-            # Shielded, so a cancelled turn still gives its lease back; bounded, so a
-            # locker that hangs cannot wedge the conversation (an unreleased lease lapses
-            # by itself).
-            with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as bound:
-                try:
-                    await lease.release()
-                except Exception:
-                    _log.exception("releasing the lease of conversation %r failed", conversation_id)
-            if bound.cancelled_caught:
-                _log.warning(
-                    "releasing the lease of conversation %r took over %s s; abandoned",
-                    conversation_id,
-                    RELEASE_TIMEOUT,
-                )
-
-    @staticmethod
-    async def _call(conversation_id: str, job: Job, fence: int) -> None:
-        try:
-            job._result = await job.run(fence)
-        except Exception as exc:
-            job._error = exc
-            _log.error("a turn of conversation %r failed", conversation_id, exc_info=exc)
-        except BaseExceptionGroup as group:
-            # A cancellation beside errors, as a task group in the body reports a child
-            # that failed while it was cancelled. Raised on, it would reach the registry's
-            # task group as an error and tear every conversation down.
-            cancelled, errors = group.split(anyio.get_cancelled_exc_class())
-            if cancelled is None or (errors is not None and errors.split(Exception)[1] is not None):
-                raise  # KeyboardInterrupt, SystemExit...: as when raised bare
-            if errors is not None:
-                _log.error("a turn of conversation %r failed", conversation_id, exc_info=errors)
-            job._body_ended = True
-            if anyio.current_effective_deadline() != -math.inf:
-                # Nothing cancels the turn: the cancellation in the group is nobody's.
-                job._error = errors if errors is not None else TurnInterrupted()
-                return
-            # We are cancelling the turn (interrupt, lost lease, shutdown, or a scope
-            # around the registry): an interruption, however the body took it. The
-            # cancellation is level-triggered, so this checkpoint raises it again, bare,
-            # for the scope it belongs to.
-            job._error = job._stop if job._stop is not None else TurnInterrupted()
-            await anyio.lowlevel.checkpoint()
-            return
-        job._body_ended = True
+            job._close_scope()
 
     def _became_idle(self) -> None:
         if self._idle is not None:
@@ -679,19 +407,12 @@ class TurnRegistry:
             self._idle = None
 
     def _sweep(self) -> None:
-        """End every job left after the turn tasks were cancelled (registry shutdown)."""
+        """End every job left once the turn tasks are over (the block was left early)."""
         for conversation_id in self._table.busy():
             current, *pending = self._table.forget(conversation_id)
-            if not current._body_ended and current._error is None:
-                current._error = TurnInterrupted()
-            _finish(current)
+            current._end_by_shutdown()
             for job in pending:
-                if not job._dropped:
-                    _refuse(job, DrainingError())
-                _finish(job)
+                if not job.dropped:
+                    job._refuse(DrainingError())
+                job._finish()
         self._became_idle()
-
-
-async def _cancel_on_loss(lease: Lease, job: Job) -> None:
-    await lease.lost.wait()
-    _stop(job, LeaseLostError())

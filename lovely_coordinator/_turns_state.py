@@ -30,12 +30,15 @@ from ._errors import (
     InvalidArgumentTypeError,
     QueueFullError,
 )
+from ._validate import as_index
 
 __all__ = [
     "Admission",
     "MULTITASK_MODES",
     "Multitask",
+    "TurnStatistics",
     "TurnTable",
+    "check_conversation_id",
     "check_max_queued",
     "check_multitask",
 ]
@@ -45,6 +48,29 @@ T = TypeVar("T")
 Multitask = Literal["enqueue", "reject", "interrupt", "replace_queued"]
 """A double-texting mode: what ``submit``/``run`` do when the conversation is busy."""
 MULTITASK_MODES: Final[tuple[Multitask, ...]] = get_args(Multitask)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TurnStatistics:
+    """A snapshot of a :class:`~lovely_coordinator.turns.TurnRegistry`.
+
+    Attributes:
+        conversations: conversations with a running or waiting turn.
+        running: turns that have started and are not done: the turn at the head of each
+            busy conversation, from its start (lease acquisition included) until it is
+            done (lease release included). A busy conversation has exactly one, so today
+            this equals ``conversations``.
+        waiting: turns queued behind a running one, dropped ones not yet reached
+            included (they hold their place until then), as :meth:`waiting` counts them.
+        draining: whether the registry refuses new turns (after ``drain()``, or once
+            its block was left).
+    """
+
+    conversations: int
+    running: int
+    waiting: int
+    draining: bool
 
 
 @final
@@ -80,11 +106,16 @@ class _Conversation(Generic[T]):
 
 
 def check_max_queued(value: object) -> int:
-    """Validate ``max_queued``: an int ≥ 0 (``bool`` is not an int here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentTypeError("max_queued must be a nonnegative integer")
-    if value < 0:
-        raise InvalidArgumentError("max_queued must be a nonnegative integer")
+    """Validate ``max_queued``: an int ≥ 0 by the library's one rule (not ``bool``)."""
+    return as_index(value, "max_queued must be a nonnegative integer", minimum=0)
+
+
+def check_conversation_id(value: object) -> str:
+    """Validate a conversation id: a nonempty ``str``."""
+    if not isinstance(value, str):
+        raise InvalidArgumentTypeError("conversation_id must be a nonempty string")
+    if not value:
+        raise InvalidArgumentError("conversation_id must be a nonempty string")
     return value
 
 
@@ -106,16 +137,32 @@ class TurnTable(Generic[T]):
         * a conversation is stored iff it is busy, i.e. it has a current item;
         * ``len(pending) <= max_queued`` for every stored conversation, and ``pending`` is
           either the shared empty tuple or a nonempty deque;
+        * ``_waiting`` is the total number of pending items;
         * no item appears twice anywhere in the table;
         * once ``draining`` is set it stays set, and :meth:`admit` admits nothing.
     """
 
-    __slots__ = ("_conversations", "draining", "max_queued")
+    __slots__ = ("_conversations", "_draining", "_waiting", "max_queued")
 
     def __init__(self, max_queued: int) -> None:
         self.max_queued = check_max_queued(max_queued)
-        self.draining = False
+        self._draining = False
+        self._waiting = 0  # pending items over all conversations, for statistics()
         self._conversations: dict[str, _Conversation[T]] = {}
+
+    @property
+    def draining(self) -> bool:
+        """Set by :meth:`drain`; from then on :meth:`admit` refuses everything."""
+        return self._draining
+
+    def drain(self) -> None:
+        """Refuse every later admission (idempotent; there is no way back)."""
+        self._draining = True
+
+    def statistics(self) -> TurnStatistics:
+        """Counts of busy conversations, their current and pending items, and draining."""
+        busy = len(self._conversations)
+        return TurnStatistics(busy, busy, self._waiting, self._draining)
 
     def __len__(self) -> int:
         """The number of busy conversations."""
@@ -154,7 +201,7 @@ class TurnTable(Generic[T]):
             QueueFullError: the item would have to wait and ``max_queued`` items already
                 wait (after the drop, for ``interrupt``/``replace_queued``).
         """
-        if self.draining:
+        if self._draining:
             raise DrainingError
         conversation = self._conversations.get(conversation_id)
         if conversation is None:
@@ -168,6 +215,7 @@ class TurnTable(Generic[T]):
             raise QueueFullError
         # From here on nothing can fail: the state changes completely.
         dropped: tuple[T, ...] = tuple(conversation.pending) if replacing else ()
+        self._waiting += 1 - len(dropped)
         if replacing or not conversation.pending:
             conversation.pending = deque((item,))
         else:
@@ -193,6 +241,7 @@ class TurnTable(Generic[T]):
             return None
         assert isinstance(pending, deque)
         conversation.current = pending.popleft()
+        self._waiting -= 1
         if not pending:
             conversation.pending = _NOTHING_PENDING
         return conversation.current
@@ -202,11 +251,13 @@ class TurnTable(Generic[T]):
         conversation = self._conversations.pop(conversation_id, None)
         if conversation is None:
             return ()
+        self._waiting -= len(conversation.pending)
         return (conversation.current, *conversation.pending)
 
     def check_invariants(self) -> None:
-        """Assert the invariants in the class docstring (used by the tests)."""
+        """Assert the invariants in the class docstring (used by the tests; a pure read)."""
         seen: set[int] = set()
+        assert self._waiting == sum(len(c.pending) for c in self._conversations.values())
         for conversation in self._conversations.values():
             assert len(conversation.pending) <= self.max_queued
             assert conversation.pending is _NOTHING_PENDING or (

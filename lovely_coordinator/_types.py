@@ -147,11 +147,17 @@ class TupleStatistics:
 
     Attributes:
         tuple: the model tuple.
-        active: permits granted on it and not yet released (lent permits excluded).
-        queued: waiters on it (eligible, inactive reservations, gated and reacquiring).
+        active: slots taken on it: permits granted and not yet released (lent ones
+            excluded) and model requests on a slot of their own.
+        queued: waiters on it (eligible, inactive reservations, gated, capped, budgeted
+            and reacquiring).
         limit: its per-tuple cap, or ``None``.
         open: whether its gate is open.
         reopens_at: the anyio clock time its gate reopens by itself, or ``None``.
+        requests_available: requests its budget holds now (may be negative: a debt), or
+            ``None`` without a requests budget.
+        tokens_available: tokens its budget holds now, or ``None`` without a tokens budget.
+        reopens_in: seconds until its gate reopens by itself, or ``None``.
     """
 
     tuple: ModelTuple
@@ -160,6 +166,9 @@ class TupleStatistics:
     limit: int | None
     open: bool
     reopens_at: float | None
+    requests_available: float | None = None
+    tokens_available: float | None = None
+    reopens_in: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +181,8 @@ class CoordinatorStatistics:
         queued: every waiter, whatever it waits for.
         lent: permits currently lent (their slot given back while their holder waits).
         residents: bound resident agents.
-        tuples: one entry per tuple that is closed, capped, or has active or queued work,
-            sorted by tuple.
+        tuples: one entry per tuple that is closed, capped, budgeted, or has active or
+            queued work, sorted by tuple.
     """
 
     max_concurrency: int

@@ -14,25 +14,31 @@ Exceptions::
 
     CoordinatorError
     ├── InvalidArgumentError (ValueError)
-    │   └── LanesConfigInvalid        an invalid setting; nothing was created
+    │   └── LanesConfigInvalid        an invalid setting; nothing was created (a TypeError
+    │                                 too when activate/on_exit is not callable)
+    ├── UsageError (RuntimeError)     a create_lanes() context manager entered twice
     ├── LaneQueueFull                 wake(): max_queued lanes already wait
     └── LanesClosed                   wake() after close()
+
+Whatever an activation or ``on_exit`` raises is contained: reported as
+``ActivationFailed`` or logged, never raised into the lanes or the block (only
+``KeyboardInterrupt`` and ``SystemExit`` propagate, after being reported).
 """
 
 from ._errors import LaneQueueFull as LaneQueueFull
 from ._errors import LanesClosed as LanesClosed
 from ._errors import LanesConfigInvalid as LanesConfigInvalid
-from ._lanes import Activation as Activation
 from ._lanes import Lanes as Lanes
 from ._lanes import create_lanes as create_lanes
-from ._lanes import current_activation as current_activation
 from ._lanes_state import LaneSnapshot as LaneSnapshot
 from ._lanes_state import LanesStatus as LanesStatus
+from ._lanes_types import Activation as Activation
 from ._lanes_types import ActivationFailed as ActivationFailed
 from ._lanes_types import ActivationInterrupted as ActivationInterrupted
 from ._lanes_types import ActivationSucceeded as ActivationSucceeded
 from ._lanes_types import Exit as Exit
 from ._lanes_types import LanesConfig as LanesConfig
+from ._lanes_types import current_activation as current_activation
 
 __all__ = [
     "Activation",

@@ -14,6 +14,14 @@ Double texting follows LangGraph: ``multitask="enqueue"`` (default), ``"reject"`
 ``"interrupt"`` and ``"replace_queued"``; :data:`Multitask` is their ``Literal`` type, for
 code that passes a mode along. A custom :class:`Locker` returns :class:`Lease` objects
 whose ``lost`` has the :class:`LeaseSignal` shape (an :class:`anyio.Event` has it).
+:meth:`TurnRegistry.statistics` returns a :class:`TurnStatistics` snapshot.
+
+A turn's outcome is recorded on its :class:`Job` (``job.result`` or ``job.error``):
+whatever the turn raises, of any kind, fails that turn alone, and a stop that lands while
+it runs (``interrupt``, a lost lease, shutdown) decides its outcome however it then ends.
+Misuse that cannot work (submitting before entering the registry, entering it twice, a
+turn waiting for a later turn of its own conversation) raises
+:class:`~lovely_coordinator.UsageError`.
 """
 
 from ._errors import ConversationBusyError as ConversationBusyError
@@ -23,13 +31,14 @@ from ._errors import LeaseLostError as LeaseLostError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import TurnDropped as TurnDropped
 from ._errors import TurnInterrupted as TurnInterrupted
-from ._turns import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
-from ._turns import Job as Job
-from ._turns import Lease as Lease
-from ._turns import LeaseSignal as LeaseSignal
-from ._turns import Locker as Locker
 from ._turns import TurnRegistry as TurnRegistry
+from ._turns_job import Job as Job
 from ._turns_state import Multitask as Multitask
+from ._turns_state import TurnStatistics as TurnStatistics
+from ._turns_types import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
+from ._turns_types import Lease as Lease
+from ._turns_types import LeaseSignal as LeaseSignal
+from ._turns_types import Locker as Locker
 
 __all__ = [
     "ConversationBusyError",
@@ -46,4 +55,5 @@ __all__ = [
     "TurnDropped",
     "TurnInterrupted",
     "TurnRegistry",
+    "TurnStatistics",
 ]

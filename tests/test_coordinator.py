@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fractions
+import functools
+import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,26 +22,26 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
 from trio.testing import MockClock
 
 from lovely_coordinator import (
+    AGENT_COORDINATOR_VERSION,
+    AgentCoordinator,
+    AgentPermit,
     CoordinatorConfig,
     CoordinatorError,
     CoordinatorStatistics,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     ModelTuple,
     PermitReleasedError,
     ReservationCancelledError,
     ReservationUsedError,
     TupleStatistics,
     TupleSuspendedError,
-)
-from lovely_coordinator._coordinator import (
-    AGENT_COORDINATOR_VERSION,
-    AgentCoordinator,
-    AgentPermit,
     create_agent_coordinator,
     current_permit,
 )
@@ -679,12 +683,24 @@ async def test_close_tuple_reopens_after_short_real_delay() -> None:
         assert_idle(coord)
 
 
-def test_close_tuple_with_delay_needs_an_event_loop() -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_timed_closure_outside_any_loop_reopens_on_the_next_loop(backend: str) -> None:
     coord = create_agent_coordinator()
-    with pytest.raises(InvalidArgumentError, match=r"^reopen_after needs a running event loop$"):
-        coord.close_tuple(T, reopen_after=1)
+    coord.close_tuple(T, reopen_after=0.05)  # no event loop: time is real time
+    assert not coord.is_tuple_open(T)
+    remaining = coord.tuple_reopens_at(T)
+    assert remaining is not None
+
+    async def main() -> float:
+        with anyio.fail_after(5):
+            start = anyio.current_time()
+            async with coord.permit(T):  # the loop adopts the closure and its timer
+                return anyio.current_time() - start
+
+    waited = anyio.run(main, backend=backend)
+    assert 0 <= waited <= 0.05 + 1
     assert coord.is_tuple_open(T)
-    coord.close_tuple(T)  # without a delay, no loop is needed
+    coord.close_tuple(T)  # without a delay, no loop is needed either
     assert not coord.is_tuple_open(T)
 
 
@@ -1492,6 +1508,23 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
                         await checkpoints()
 
                 await coord.run(t, work, reject_on_closed_tuple=reject)
+            elif kind == 4:
+                async with coord.request(
+                    t, tokens=rng.randint(0, 50), reject_on_closed_tuple=reject
+                ) as call:
+                    await checkpoints()
+                    call.settle(rng.randint(0, 50))
+            elif kind == 5:  # an agent fanning out model calls, lending while it waits
+                async with coord.permit(t, reject_on_closed_tuple=reject):
+
+                    async def fanned(u: ModelTuple) -> None:
+                        async with coord.request(u, tokens=rng.randint(0, 20)):
+                            await checkpoints()
+
+                    async with anyio.create_task_group() as calls:
+                        for _ in range(rng.randint(1, 4)):
+                            calls.start_soon(fanned, rng.choice(tuples))
+                        await coord.with_lent_permit(checkpoints)
             else:
                 reservation = coord.reserve(t, reject_on_closed_tuple=reject)
                 try:
@@ -1503,7 +1536,7 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
                     reservation.cancel()
 
         async def agent() -> None:
-            t, kind, reject = rng.choice(tuples), rng.randrange(4), rng.random() < 0.3
+            t, kind, reject = rng.choice(tuples), rng.randrange(6), rng.random() < 0.3
             steps = rng.randint(0, 12)
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as inner:
@@ -1521,8 +1554,18 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
             for _ in range(60):
                 await _checkpoints(rng.randint(1, 4))
                 t = rng.choice(tuples)
-                action = rng.randrange(4)
-                if action == 0:
+                action = rng.randrange(6)
+                if action == 4:
+                    coord.set_budget(
+                        t,
+                        requests_per_minute=rng.choice([None, 60.0, 6000.0]),
+                        tokens_per_minute=rng.choice([None, 600.0, 60000.0]),
+                    )
+                elif action == 5:
+                    coord.learn_budget(
+                        t, tokens_per_minute=6000.0, tokens_remaining=rng.randint(0, 40)
+                    )
+                elif action == 0:
                     coord.close_tuple(t)
                 elif action == 1:
                     coord.open_tuple(t)
@@ -1540,5 +1583,303 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
             for t in tuples:  # let every parked agent finish
                 coord.open_tuple(t)
                 coord.set_tuple_limit(t, None)
+                coord.set_budget(t)
         coord._scheduler.check_invariants()
         assert_idle(coord)
+
+
+# -- issue 9: every way users combine it holds ------------------------------------------------
+
+
+async def test_cancel_of_a_reservation_whose_run_started_is_a_no_op() -> None:
+    # Regression: cancel() during the run's lend failed the reacquire and released the
+    # permit while the work ran on.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        reservation = coord.reserve(T)
+        lending = anyio.Event()
+        resume = anyio.Event()
+
+        async def work() -> str:
+            async def wait_for_child() -> None:
+                lending.set()
+                await resume.wait()
+
+            await coord.with_lent_permit(wait_for_child)
+            permit = current_permit()
+            assert permit is not None
+            assert permit.held
+            return "done"
+
+        async with anyio.create_task_group() as tg:
+            blocker_granted = anyio.Event()
+            release_blocker = anyio.Event()
+
+            async def blocker() -> None:
+                await lending.wait()
+                async with coord.permit(T):  # takes the lent slot
+                    blocker_granted.set()
+                    await release_blocker.wait()
+
+            result: list[str] = []
+
+            async def runner() -> None:
+                result.append(await reservation.run(work))
+
+            tg.start_soon(blocker)
+            tg.start_soon(runner)
+            await blocker_granted.wait()
+            resume.set()
+            await wait_all_tasks_blocked()  # the work waits to reacquire
+            assert coord.queued_count == 1
+            reservation.cancel()  # the run started: nothing happens
+            reservation.cancel(RuntimeError("ignored"))
+            assert coord.queued_count == 1
+            release_blocker.set()
+        assert result == ["done"]
+        assert_idle(coord)
+
+
+def test_huge_and_foreign_numbers_follow_one_rule() -> None:
+    np = pytest.importorskip("numpy")
+    coord = create_agent_coordinator(np.int64(2))
+    assert coord.max_concurrency == 2
+    assert type(coord.max_concurrency) is int
+    coord.set_max_concurrency(np.int32(3))
+    coord.set_tuple_limit(T, np.int64(1))
+    assert coord.statistics().tuples[0].limit == 1
+    with pytest.raises(InvalidArgumentError, match=r"^reopen_after must be"):
+        coord.close_tuple(T, reopen_after=10**400)  # never a bare OverflowError
+    with pytest.raises(InvalidArgumentError, match=r"^reopen_after must be"):
+        coord.close_tuple(T, reopen_after=np.float64("nan"))
+    assert coord.is_tuple_open(T)  # nothing changed
+    coord.close_tuple(T, reopen_after=np.float64(30.0))
+    coord.close_tuple(T, reopen_after=fractions.Fraction(1, 2))  # type: ignore[arg-type]
+    assert not coord.is_tuple_open(T)
+    with pytest.raises(InvalidArgumentError, match="max_concurrency must be a positive integer"):
+        coord.set_max_concurrency(np.bool_(True))
+    with pytest.raises(InvalidArgumentTypeError):
+        coord.set_max_concurrency(True)
+    assert coord.max_concurrency == 3
+    for bad in (np.float64(2.0), 2.0, "2"):
+        with pytest.raises(InvalidArgumentTypeError):
+            coord.reserve(T, acceptance_order=bad)  # type: ignore[arg-type]
+    reservation = coord.reserve(T, acceptance_order=np.int64(2**62))
+    assert reservation.acceptance_order == 2**62
+    assert type(reservation.acceptance_order) is int
+    coord.reserve(T, acceptance_order=10**30)  # Python's ints have no bound
+    assert coord.next_acceptance_order() == 10**30 + 1
+
+
+async def test_callables_are_checked_before_anything_happens() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        order = coord.next_acceptance_order()
+        with pytest.raises(InvalidArgumentTypeError, match=r"^work must be a callable"):
+            await coord.run(T, None)  # type: ignore[arg-type]
+        assert coord.next_acceptance_order() == order + 1  # no order drawn for the bad call
+        with pytest.raises(InvalidArgumentTypeError, match=r"^callback must be callable$"):
+            coord.subscribe(None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentTypeError, match=r"^wait must be a callable"):
+            await coord.with_lent_permit(None)  # type: ignore[arg-type]
+        reservation = coord.reserve(T)
+        with pytest.raises(InvalidArgumentTypeError, match=r"^work must be a callable"):
+            await reservation.run("work")  # type: ignore[arg-type]
+        assert await reservation.run(_value(7)) == 7  # still usable
+        async with coord.permit(T) as permit:
+            with pytest.raises(InvalidArgumentTypeError, match=r"^wait must be a callable"):
+                await permit.lend(42)  # type: ignore[arg-type]
+            assert permit.held
+        assert_idle(coord)
+
+
+def test_configs_are_checked_by_every_entry_point_and_again_by_the_coordinator() -> None:
+    with pytest.raises(InvalidArgumentError, match="greater than or equal to 1"):
+        CoordinatorConfig().model_copy(update={"max_concurrency": 0})
+    assert CoordinatorConfig().model_copy(update={"max_concurrency": 2}).max_concurrency == 2
+    constructed = CoordinatorConfig.model_construct(max_concurrency=0)  # skips validation
+    with pytest.raises(InvalidArgumentError, match="greater than or equal to 1"):
+        create_agent_coordinator(config=constructed)
+    config = CoordinatorConfig.model_validate_strings(
+        {"max_concurrency": "3", "max_queued": "0", "reacquire": "original"}
+    )
+    assert (config.max_concurrency, config.max_queued, config.reacquire) == (3, 0, "original")
+    with pytest.raises(InvalidArgumentError, match="max_concurrency"):
+        CoordinatorConfig.model_validate_strings({"max_concurrency": "zero"})
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_subscriber_raising_a_base_exception_never_kills_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Regression: on trio, a BaseException from a callback crashed the run with
+    # TrioInternalError.
+    class Abort(BaseException):
+        pass
+
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        delivered = anyio.Event()
+
+        def hostile(_: CoordinatorStatistics) -> None:
+            delivered.set()
+            raise Abort("a framework's abort")
+
+        coord.subscribe(hostile)
+        with caplog.at_level(logging.ERROR, logger="lovely_coordinator"):
+            coord.set_max_concurrency(2)
+            await delivered.wait()
+            await wait_all_tasks_blocked()
+        assert any(record.exc_info and record.exc_info[0] is Abort for record in caplog.records)
+
+
+async def test_statistics_and_gate_reads_are_pure() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        coord.close_tuple(T, reopen_after=0)  # due at once: reads see it open ...
+        version = coord._scheduler.version
+        armed = coord._timer.armed_at
+        assert coord.is_tuple_open(T)
+        assert coord.tuple_reopens_at(T) is None
+        assert coord.statistics().tuples == ()
+        assert coord._scheduler.version == version  # ... but changed nothing
+        assert coord._timer.armed_at == armed
+        async with coord.permit(T):  # the timer has run by now, or runs on the way
+            pass
+        assert_idle(coord)
+
+
+# -- threads: the process-global coordinator serves event loops in several threads -----------
+
+
+def _in_thread(fn: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("other_backend", ["asyncio", "trio"])
+async def test_a_grant_crosses_to_a_waiter_on_another_threads_loop(other_backend: str) -> None:
+    # Regression: a second thread's loop hung forever and leaked the slot.
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        holder = await coord.acquire(T)
+        log: list[str] = []
+        parked = threading.Event()
+
+        async def other() -> None:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+
+                    async def watch_it_park() -> None:
+                        await wait_all_tasks_blocked()
+                        parked.set()
+
+                    tg.start_soon(watch_it_park)
+                    async with coord.permit(T) as permit:
+                        log.append(f"granted {permit.acceptance_order}")
+                        assert coord.active_count == 1
+
+        thread = _in_thread(lambda: anyio.run(other, backend=other_backend))
+        await anyio.to_thread.run_sync(parked.wait, abandon_on_cancel=True)
+        assert coord.queued_count == 1
+        later = anyio.Event()
+
+        async def after_it() -> None:  # queued behind the other thread's waiter
+            async with coord.permit(T):
+                log.append("main again")
+                later.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(after_it)
+            await wait_all_tasks_blocked()
+            holder.release()  # granted to the other thread's waiter, in order
+            await later.wait()
+        await anyio.to_thread.run_sync(thread.join)
+        assert log == ["granted 2", "main again"]
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize("other_backend", ["asyncio", "trio"])
+async def test_a_waiter_cancelled_on_another_thread_leaks_nothing(other_backend: str) -> None:
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        holder = await coord.acquire(T)
+        done = threading.Event()
+
+        async def other() -> None:
+            with anyio.move_on_after(0.2):  # real time: the wait is cancelled
+                async with coord.permit(T):
+                    raise AssertionError("never granted")
+            done.set()
+
+        thread = _in_thread(lambda: anyio.run(other, backend=other_backend))
+        await anyio.to_thread.run_sync(done.wait, 10.0)
+        await anyio.to_thread.run_sync(thread.join)
+        assert coord.queued_count == 0
+        holder.release()
+        assert_idle(coord)
+
+
+def test_many_threads_share_the_cap_fairly() -> None:
+    coord = create_agent_coordinator(2)
+    peak = [0]
+    inside = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    async def agent() -> None:
+        for _ in range(20):
+            async with coord.permit(T):
+                with lock:
+                    inside[0] += 1
+                    peak[0] = max(peak[0], inside[0])
+                await anyio.lowlevel.checkpoint()
+                with lock:
+                    inside[0] -= 1
+
+    def run(backend: str) -> None:
+        try:
+            anyio.run(agent, backend=backend)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [_in_thread(functools.partial(run, ("asyncio", "trio")[i % 2])) for i in range(6)]
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    assert peak[0] <= 2
+    assert_idle(coord)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_timed_reopen_armed_from_another_thread_runs_on_the_home_loop() -> None:
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        async with coord.permit(T):  # this loop is home
+            pass
+
+        def close_from_a_thread() -> None:
+            async def close() -> None:
+                coord.close_tuple(T, reopen_after=0.05)
+
+            anyio.run(close)
+
+        await anyio.to_thread.run_sync(close_from_a_thread)
+        assert not coord.is_tuple_open(T)
+        async with coord.permit(T):  # waits for the reopen, timed on this loop
+            assert coord.is_tuple_open(T)
+        assert_idle(coord)
+
+
+def test_tuple_statistics_is_one_entry_of_statistics() -> None:
+    coord = create_agent_coordinator(2)
+    assert coord.tuple_statistics(T) is None
+    coord.set_tuple_limit(T, 1)
+    coord.set_budget(U, tokens_per_minute=100)
+    for t in (T, U):
+        entry = coord.tuple_statistics(t)
+        assert entry is not None
+        assert entry == next(e for e in coord.statistics().tuples if e.tuple == t)
+    with pytest.raises(InvalidArgumentError):
+        coord.tuple_statistics(("", "x"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from lovely_coordinator import (
     get_bash_coordinator,
 )
 from lovely_coordinator._errors import InvalidArgumentTypeError
-from lovely_coordinator._global import AGENT_KEY, BASH_KEY
+from lovely_coordinator._global import AGENT_KEY, BASH_KEY, _warned
 
 AGENT_MESSAGE = r"^Incompatible process-global Lovely Agents coordinator$"
 BASH_MESSAGE = r"^Incompatible process-global Lovely Bash coordinator$"
@@ -48,6 +49,7 @@ def fresh_globals() -> Iterator[None]:
     for key in keys:
         sys.modules.pop(key, None)
     sys.modules.update(saved)
+    _warned.clear()
 
 
 @pytest.mark.parametrize(("get", "key", "message"), GETTERS)
@@ -251,3 +253,46 @@ def test_a_reloaded_library_shares_the_coordinators() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "shared\n"
+
+
+@pytest.mark.anyio
+async def test_a_vendored_copy_shares_the_current_permit_and_the_error_classes(
+    vendored: types.ModuleType,
+) -> None:
+    # Regression: the copies shared the coordinator but not the current permit, and
+    # `except CoordinatorError` in one copy missed the other copy's errors.
+    with anyio.fail_after(5):
+        assert vendored.CoordinatorError is lovely_coordinator.CoordinatorError
+        assert vendored.InvalidArgumentError is InvalidArgumentError
+        assert vendored.UsageError is lovely_coordinator.UsageError
+        with pytest.raises(lovely_coordinator.CoordinatorError):
+            vendored.create_agent_coordinator(0)
+        ours = get_agent_coordinator()
+        theirs = vendored.get_agent_coordinator()
+        async with ours.permit(("openai", "gpt-4o")) as permit:
+            assert vendored.current_permit() is permit
+            assert theirs.current_permit() is permit
+
+            async def child() -> None:
+                assert vendored.current_permit() is permit
+
+            await theirs.with_lent_permit(child)  # the other copy lends our permit
+            assert permit.held
+
+
+def test_an_ignored_max_concurrency_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="lovely_coordinator"):
+        get_agent_coordinator(4)
+        get_agent_coordinator()  # the default: nothing was asked, nothing ignored
+        get_agent_coordinator(4)  # the same value: nothing ignored
+        assert caplog.records == []
+        get_agent_coordinator(8)
+        get_agent_coordinator(8)
+        get_agent_coordinator(16)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "max_concurrency=8" in message
+    assert "max_concurrency=4" in message
+    assert get_agent_coordinator().max_concurrency == 4

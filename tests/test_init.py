@@ -30,6 +30,12 @@ CONTRACT_NAMES = {
     "ReservationUsedError",
     "PermitReleasedError",
     "IncompatibleCoordinatorError",
+    # CONTRACT §5.
+    "ModelTupleLike",
+    "as_model_tuple",
+    "ModelRequest",
+    "CoordinatorBusyError",
+    "UsageError",
 }
 
 
@@ -54,7 +60,9 @@ def test_every_name_resolves_to_a_library_object() -> None:
     for name in lovely_coordinator.__all__:
         value = getattr(lovely_coordinator, name)
         assert value is not None
-        if name != "AGENT_COORDINATOR_VERSION":
+        if name == "ModelTupleLike":  # a type alias (a union), not a library object
+            assert lovely_coordinator.ModelTuple in value.__args__
+        elif name != "AGENT_COORDINATOR_VERSION":
             assert value.__module__.startswith("lovely_coordinator."), name
 
 

@@ -17,7 +17,8 @@ import pytest
 from trio.testing import MockClock
 
 import lovely_coordinator.lanes as lanes_module
-from lovely_coordinator import InvalidArgumentError
+from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
+from lovely_coordinator._errors import UsageError
 from lovely_coordinator._lanes import _Run
 from lovely_coordinator.lanes import (
     ActivationFailed,
@@ -153,11 +154,23 @@ def test_create_lanes_validates_its_settings_at_once(settings: dict[str, object]
     assert type(info.value) is LanesConfigInvalid  # never a bare pydantic error
 
 
-def test_create_lanes_rejects_uncallables_at_once() -> None:
-    with pytest.raises(LanesConfigInvalid, match="activate must be callable"):
-        create_lanes(1, activate="nope")  # type: ignore[arg-type]
-    with pytest.raises(LanesConfigInvalid, match="on_exit must be callable"):
-        create_lanes(1, activate=Probe().activate, on_exit=3)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("callables", "message"),
+    [
+        ({"activate": "nope"}, "activate must be callable"),
+        ({"activate": None}, "activate must be callable"),
+        ({"activate": Probe().activate, "on_exit": 3}, "on_exit must be callable or None"),
+    ],
+)
+def test_create_lanes_rejects_uncallables_at_once(
+    callables: dict[str, object], message: str
+) -> None:
+    """They used to raise a plain LanesConfigInvalid, which no TypeError handler caught."""
+    with pytest.raises(LanesConfigInvalid, match=f"^Invalid lanes config: {message}$") as info:
+        create_lanes(1, **callables)  # type: ignore[arg-type]
+    assert isinstance(info.value, InvalidArgumentTypeError)
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, ValueError)
 
 
 # --- scheduling ------------------------------------------------------------------------
@@ -531,10 +544,25 @@ async def test_an_error_or_cancellation_in_the_block_still_closes() -> None:
 
 async def test_a_lanes_context_cannot_be_entered_twice() -> None:
     with anyio.fail_after(5):
-        scope = create_lanes(1, activate=Probe().activate)
-        async with scope:
-            with pytest.raises(RuntimeError, match="entered twice"):
+        probe = Probe()
+        scope = create_lanes(1, activate=probe.activate, on_exit=probe.on_exit)
+        async with scope as lanes:
+            with pytest.raises(
+                UsageError,
+                match=r"^this create_lanes\(\) context manager is already entered: one 'async with'"
+                r" block owns its lanes; share the Lanes it gave instead of entering it again$",
+            ) as info:
                 await scope.__aenter__()
+            assert isinstance(info.value, RuntimeError)
+            assert lanes.wake("a") == "started", "the lanes are untouched"
+            await settle()
+        with pytest.raises(
+            UsageError,
+            match=r"^a create_lanes\(\) context manager can be entered only once: leaving its"
+            r" block closed its lanes for good; call create_lanes\(\) again$",
+        ):
+            await scope.__aenter__()
+        assert probe.exits == [ActivationInterrupted("a", "close")]
 
 
 # --- outcomes, finalizers and on_exit ---------------------------------------------------
@@ -794,6 +822,161 @@ async def test_without_on_exit_activations_still_run() -> None:
             lanes.wake("b")
             await settle()
         assert ran == ["a", "b"]
+
+
+class Abort(BaseException):
+    """What frameworks raise to abort: a BaseException that is no cancellation."""
+
+
+async def a_stray_cancellation() -> BaseException:
+    """A real cancellation of the backend, caught from a scope that is gone since."""
+    with anyio.CancelScope() as inner:
+        inner.cancel()
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class() as cancelled:
+            return cancelled
+    raise AssertionError("the cancelled checkpoint returned")
+
+
+ON_EXIT_FAILURES = pytest.mark.parametrize(
+    ("anyio_backend", "failure"),
+    [
+        *[(backend, failure) for backend in ("asyncio", "trio") for failure in ("stray", "abort")],
+        ("asyncio", "asyncio.CancelledError()"),
+    ],
+)
+
+
+@ON_EXIT_FAILURES
+async def test_whatever_on_exit_raises_is_logged_and_contained(
+    failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancellation of its own used to escape the lanes unlogged; a BaseException too."""
+    with anyio.fail_after(5):
+        raised: BaseException
+        if failure == "stray":  # a real cancellation, caught from a scope gone since
+            raised = await a_stray_cancellation()
+        elif failure == "abort":
+            raised = Abort("abort")
+        else:  # what awaiting a future another task cancelled raises
+            raised = asyncio.CancelledError()
+        probe = Probe()
+
+        async def on_exit(outcome: Exit) -> None:
+            probe.on_exit(outcome)
+            await anyio.lowlevel.checkpoint()
+            raise raised
+
+        caplog.set_level(logging.WARNING, logger="lovely_coordinator")
+        block_went_on = False
+        async with create_lanes(2, activate=probe.activate, on_exit=on_exit) as lanes:
+            lanes.wake("a")
+            lanes.wake("b")
+            await settle()
+            probe.release("a")
+            await settle()
+            assert lanes.wake("a") == "started", "the lane goes on"
+            await settle()
+            assert probe.starts().count("b") == 1
+            assert lanes.status().running == 2, "nothing else was cancelled"
+            block_went_on = True
+        assert block_went_on
+        assert sorted(e.key for e in probe.exits) == ["a", "a", "b"]
+        records = [r for r in caplog.records if "on_exit failed for " in r.getMessage()]
+        assert sorted(r.getMessage() for r in records) == [
+            "on_exit failed for a",
+            "on_exit failed for a",
+            "on_exit failed for b",
+        ]
+        assert all(r.levelno == logging.WARNING for r in records)
+        assert all(r.exc_info is not None and r.exc_info[1] is raised for r in records)
+
+
+async def test_a_body_raising_a_base_exception_has_failed_and_nothing_else_stops() -> None:
+    with anyio.fail_after(5):
+        abort = Abort("abort")
+        probe = Probe()
+
+        async def activate(key: str) -> None:
+            if key == "aborts":
+                raise abort
+            await probe.activate(key)
+
+        async with create_lanes(2, activate=activate, on_exit=probe.on_exit) as lanes:
+            lanes.wake("other")
+            lanes.wake("aborts")
+            await settle()
+            assert lanes.wake("aborts") == "started"
+            await settle()
+            assert probe.starts() == ["other"], "the other activation still runs"
+            probe.release("other")
+            await settle()
+        assert probe.exits == [
+            ActivationFailed("aborts", abort),
+            ActivationFailed("aborts", abort),
+            ActivationSucceeded("other"),
+        ]
+
+
+# trio only: asyncio re-raises a SystemExit from any task straight out of the event loop.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_system_exit_in_on_exit_is_logged_then_ends_the_lanes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        probe = Probe()
+        stop = SystemExit(2)
+
+        def on_exit(outcome: Exit) -> None:
+            probe.on_exit(outcome)
+            if outcome.key == "exit":
+                raise stop
+
+        async def run() -> None:
+            async with create_lanes(2, activate=probe.activate, on_exit=on_exit) as lanes:
+                lanes.wake("other")
+                lanes.wake("exit")
+                await settle()
+                probe.release("exit")
+                await anyio.sleep_forever()
+
+        with pytest.raises(BaseExceptionGroup) as info:
+            await run()
+        assert info.group_contains(SystemExit)
+        assert probe.exits == [ActivationSucceeded("exit"), ActivationInterrupted("other", "close")]
+        (record,) = [r for r in caplog.records if "on_exit failed for exit" in r.getMessage()]
+        assert record.exc_info is not None
+        assert record.exc_info[1] is stop
+
+
+@TIMED
+@pytest.mark.parametrize("stop", ["timeout", "cancel", "close"])
+async def test_a_body_that_catches_its_stop_and_returns_is_interrupted(
+    clock: Clock, stop: Literal["timeout", "cancel", "close"]
+) -> None:
+    """The stop decides (CONTRACT §5b), the timeout included."""
+    with anyio.fail_after(clock(1000)):
+        exits: list[Exit] = []
+        caught = anyio.Event()
+
+        async def activate(key: str) -> None:
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                caught.set()  # and returns, as if it had finished
+
+        async with create_lanes(
+            1, turn_timeout=clock(10), activate=activate, on_exit=exits.append
+        ) as lanes:
+            lanes.wake("a")
+            await settle()
+            if stop == "cancel":
+                await lanes.cancel("a")
+            elif stop == "close":
+                await lanes.close()
+            await caught.wait()
+        assert exits == [ActivationInterrupted("a", stop)]
 
 
 # --- context and current_activation -------------------------------------------------------
@@ -1158,6 +1341,7 @@ async def test_random_operations_keep_every_invariant_timed(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.slow
 async def test_random_operations_keep_every_invariant(seed: int) -> None:
     with anyio.fail_after(10):
         await run_fuzz(seed, timed=False, steps=100)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
@@ -14,7 +15,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from lovely_coordinator import CoordinatorStatistics
-from lovely_coordinator._updates import UpdateHub
+from lovely_coordinator._updates import UpdateHub, bind_to_snapshot
 
 
 class State:
@@ -23,7 +24,7 @@ class State:
     def __init__(self) -> None:
         self.value = 0
         self.snapshots = 0
-        self.hub = UpdateHub(self.snapshot)
+        self.hub = UpdateHub(self.snapshot, threading.RLock())
 
     def snapshot(self) -> CoordinatorStatistics:
         self.snapshots += 1
@@ -318,3 +319,24 @@ def test_watch_works_on_a_later_loop_after_a_watch_was_abandoned() -> None:
 
     anyio.run(abandon, backend="asyncio")
     anyio.run(watch_again, backend="trio")
+
+
+def stats(value: int) -> CoordinatorStatistics:
+    return CoordinatorStatistics(value, 0, 0, 0, 0, ())
+
+
+_value: contextvars.ContextVar[int] = contextvars.ContextVar("value", default=0)
+
+
+def test_bind_to_snapshot_runs_each_call_in_a_fresh_copy_of_the_snapshot() -> None:
+    def bump(statistics: CoordinatorStatistics) -> int:
+        _value.set(_value.get() + statistics.max_concurrency)
+        return _value.get()
+
+    token = _value.set(10)
+    bound = bind_to_snapshot(bump)
+    _value.reset(token)  # later changes of the caller's context are not seen
+    assert bound(stats(1)) == 11
+    assert bound(stats(2)) == 12  # not 13: the first call's change did not outlive it
+    assert _value.get() == 0  # and never leaks into the calling context
+    assert contextvars.Context().run(bound, stats(5)) == 15  # whatever context it is called from

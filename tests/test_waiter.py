@@ -18,16 +18,18 @@ ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 class Calls:
-    """Records the parker callbacks."""
+    """Records what a parker tells its owner."""
 
     def __init__(self) -> None:
         self.aborted = 0
-        self.undone: list[int] = []
+        self.undone: list[object] = []
 
-    def abort(self) -> None:
+    def _parker_abort(self, key: str) -> None:
+        assert key == "key"
         self.aborted += 1
 
-    def undo(self, value: int) -> None:
+    def _parker_undo(self, key: str, value: object) -> None:
+        assert key == "key"
         self.undone.append(value)
 
 
@@ -38,7 +40,7 @@ async def test_grant_while_waiting_returns_the_value() -> None:
         result: list[int] = []
 
         async def wait() -> None:
-            result.append(await parker.wait(calls.abort, calls.undo))
+            result.append(await parker.wait(calls, "key"))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
@@ -57,7 +59,7 @@ async def test_grant_before_wait_still_checkpoints(anyio_backend: str) -> None:
         calls = Calls()
         if anyio_backend == "trio":
             with trio.testing.assert_checkpoints():
-                assert await parker.wait(calls.abort, lambda _: None) == "early"
+                assert await parker.wait(calls, "key") == "early"
             return
         other_ran = anyio.Event()
 
@@ -67,7 +69,7 @@ async def test_grant_before_wait_still_checkpoints(anyio_backend: str) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(other)
             # asyncio runs ready tasks in order: `other` runs only if the wait yields.
-            assert await parker.wait(calls.abort, lambda _: None) == "early"
+            assert await parker.wait(calls, "key") == "early"
             assert other_ran.is_set()
 
 
@@ -79,7 +81,7 @@ async def test_fail_raises_the_error() -> None:
 
         async def wait() -> None:
             with pytest.raises(LookupError) as info:
-                await parker.wait(calls.abort, calls.undo)
+                await parker.wait(calls, "key")
             assert info.value is error
 
         async with anyio.create_task_group() as tg:
@@ -94,7 +96,7 @@ async def test_fail_before_wait_raises_too() -> None:
         parker: Parker[int] = Parker()
         parker.fail(KeyError("k"))
         with pytest.raises(KeyError):
-            await parker.wait(Calls().abort, Calls().undo)
+            await parker.wait(Calls(), "key")
 
 
 async def test_cancel_while_pending_calls_on_abort_only() -> None:
@@ -104,7 +106,7 @@ async def test_cancel_while_pending_calls_on_abort_only() -> None:
         async with anyio.create_task_group() as tg:
 
             async def wait() -> None:
-                await parker.wait(calls.abort, calls.undo)
+                await parker.wait(calls, "key")
 
             tg.start_soon(wait)
             await wait_all_tasks_blocked()
@@ -121,7 +123,7 @@ async def test_cancel_then_grant_in_one_tick_calls_on_undo() -> None:
 
         async def wait() -> None:
             with scope:
-                await parker.wait(calls.abort, calls.undo)
+                await parker.wait(calls, "key")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
@@ -140,7 +142,7 @@ async def test_cancel_then_fail_calls_neither() -> None:
 
         async def wait() -> None:
             with scope:
-                await parker.wait(calls.abort, calls.undo)
+                await parker.wait(calls, "key")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
@@ -158,7 +160,7 @@ async def test_granted_wait_in_cancelled_scope_undoes() -> None:
         calls = Calls()
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await parker.wait(calls.abort, calls.undo)
+            await parker.wait(calls, "key")
         assert (calls.aborted, calls.undone) == (0, [9])
 
 
@@ -177,7 +179,7 @@ async def test_native_cancel_after_grant_calls_on_undo() -> None:
     async with asyncio.timeout(5):
         parker: Parker[int] = Parker()
         calls = Calls()
-        task = asyncio.ensure_future(parker.wait(calls.abort, calls.undo))
+        task = asyncio.ensure_future(parker.wait(calls, "key"))
         await asyncio.sleep(0)
         parker.grant(5)
         task.cancel()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SECTIONS", "Figure", "main"]
 
-SECTIONS = ("core", "lanes", "turns", "redis")
+SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider")
 
 
 @dataclass(frozen=True, slots=True)

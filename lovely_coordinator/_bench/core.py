@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from .._coordinator import AgentReservation, create_agent_coordinator
+from .._coordinator import create_agent_coordinator
+from .._permits import AgentReservation
 from .._types import ModelTuple
 from . import Figure
 

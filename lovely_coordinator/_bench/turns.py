@@ -30,7 +30,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
-from .._turns import Job, Lease, TurnRegistry
+from ..turns import Job, Lease, TurnRegistry
 from . import Figure
 
 __all__ = ["run"]

@@ -1,0 +1,117 @@
+"""The scheduler's lending: a permit gives its slot back while its holder waits, and the
+requests it covers go back to slots of their own.
+
+A permit held by a parent agent is *lent* while the parent waits for a child: its slot
+goes to the next waiter, and the permit takes a slot back (a *reacquire*) when the wait
+ends, bypassing gates and caps. Overlapping lends share the one returned slot and only the
+last one to end reacquires. A permit with a model request in flight on its slot keeps the
+slot (deferred) until the request ends. See ``_scheduler.py`` for the rules as a whole.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ._lines import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket, Wakeable
+from ._settings import Settings
+
+__all__ = ["Lending"]
+
+
+class Lending(Settings):
+    """Lending and covers on top of the settings and the grant loop."""
+
+    __slots__ = ()
+
+    def _give_up_cover(self, permit: PermitTicket) -> bool:
+        """A held permit stops covering; True if a request is in flight on its slot."""
+        request = permit.covering
+        if request is None:
+            return False
+        if request.state == GRANTED:
+            return True
+        self._uncover(request)  # reserved only: back to a slot of its own
+        return False
+
+    def _uncover(self, request: RequestTicket) -> None:
+        state = request.tuple_state
+        cover = request.cover
+        assert cover is not None
+        state.covered.remove(request)
+        request.covered = False
+        cover.covering = None
+        if cover.state == DONE:
+            request.cover = None
+        else:  # lent: it may cover again once it is held again
+            if cover.candidates is None:
+                cover.candidates = []
+            heapq.heappush(cover.candidates, (request.order, request.seq, request))
+        state.requests.push(request)
+        self._offer(state.requests)
+        self._drain()
+
+    # -- lending ---------------------------------------------------------------------------------
+
+    def lend_begin(self, ticket: PermitTicket) -> Wakeable | None:
+        """A lend of a permit starts; returns a parker that must now be told ``False``.
+
+        Held: its slot goes back (unless a request is in flight on it: then it stays
+        taken until that request ends). Already lent: just counted. Waiting to reacquire
+        (an earlier lend ended): that wait is withdrawn, since this lend will reacquire
+        when it ends; the returned parker is that earlier lend's, to be woken with False.
+        """
+        state = ticket.state
+        withdrawn: Wakeable | None = None
+        if state == GRANTED:
+            ticket.state = LENT
+            self.lent += 1
+            if self._give_up_cover(ticket):
+                ticket.deferred = True
+            else:
+                self._return_slot(ticket.tuple_state)
+        elif state == QUEUED:
+            assert ticket.bypass
+            self._unqueue(ticket)  # it leaves the queue, and stays counted in lent
+            ticket.state = LENT
+            ticket.bypass = False
+            withdrawn, ticket.parker = ticket.parker, None
+            self._forget_if_idle(ticket.tuple_state)
+        ticket.lends += 1
+        self._changed()
+        return withdrawn
+
+    def lend_end(self, ticket: PermitTicket, parker: Wakeable) -> bool:
+        """A lend ends; True if it reacquires (``parker`` is then told when it is held).
+
+        Only the last of overlapping lends reacquires, with a fresh acceptance order or
+        the permit's original one (``fresh_reacquire``), bypassing gates and caps; it may
+        be granted inside this call. A permit whose slot stayed taken (a request in flight
+        on it) is simply held again. Released meanwhile: nothing to reacquire.
+        """
+        ticket.lends -= 1
+        if ticket.lends or ticket.state != LENT:
+            return False
+        if ticket.deferred:
+            ticket.deferred = False
+            ticket.state = GRANTED
+            self.lent -= 1
+            self._changed()
+            return False
+        order = self.next_order() if self.fresh_reacquire else ticket.origin
+        state = self._state(ticket.tuple_state.tuple)  # it may have been forgotten meanwhile
+        ticket.tuple_state = state
+        if order > self._counter:
+            self._counter = order
+        self._seq += 1
+        ticket.order = order
+        ticket.seq = self._seq
+        ticket.state = QUEUED
+        ticket.bypass = True
+        ticket.reject = False  # a reacquire is never failed by a closing gate
+        ticket.parker = parker
+        self.queued += 1
+        state.queued += 1
+        heapq.heappush(self._bypass, (order, ticket.seq, ticket))
+        self._drain()
+        self._changed()
+        return True

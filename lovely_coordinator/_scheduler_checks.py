@@ -1,0 +1,147 @@
+"""The scheduler's invariants, checked from the outside (for tests).
+
+:func:`check_invariants` asserts every invariant that the scheduler's own state can show.
+It is a pure read: it never drops a dead entry or re-keys a heap (a checker that tidied
+the state it checks could hide exactly the bug it is there to find), so every "head" here
+is computed by scanning, not by ``Line.head()``. O(n).
+
+Granted tickets are not stored by the scheduler (their holders keep them), so counts of
+granted and lent tickets are checked by the tests' models, which know every ticket.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._engine import BUDGET, GATE, IDLE_KEPT, wakeup_live
+from ._lines import DONE, GRANTED, QUEUED, REQUESTS, Line, Ticket, TupleState
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__all__ = ["check_invariants", "peek", "peek_wakeup"]
+
+
+def peek(line: Line) -> Ticket | None:
+    """The best live ticket of ``line``, without touching it."""
+    live = [e for e in line.items if line.live(e)]
+    return min(live, key=lambda e: (e[0], e[1]))[2] if live else None
+
+
+def peek_wakeup(engine: Engine) -> float | None:
+    """The earliest live wake-up, without dropping the dead ones (``next_wakeup`` does)."""
+    return min((w[0] for w in engine._wakeups if wakeup_live(w)), default=None)
+
+
+def _held_back(state: TupleState, ticket: Ticket) -> bool:
+    """Whether the budget's block holds ``ticket`` back (it is the front or behind it)."""
+    block = state.block
+    return block is not None and (block is ticket or ticket.key > block.key)
+
+
+def _check_line(line: Line, state: TupleState) -> None:
+    live = [e for e in line.items if line.live(e)]
+    assert len(line.items) - len(live) == line.dead, f"dead count of {line}"
+    for entry in live:
+        assert entry[2].line is line, f"{entry[2]} is live in {line} but not its line"
+        assert entry[2].state == QUEUED, f"{entry[2]} is live in {line} but not queued"
+    assert len({id(e[2]) for e in live}) == len(live), f"a ticket twice in {line}"
+    for entry in live:
+        ticket = entry[2]
+        assert ticket.tuple_state is state
+        assert not ticket.bypass
+        assert ticket.request == (line.kind != 0), f"{ticket} in {line}"
+        assert ticket.covered == (line.kind == 2), f"{ticket} in {line}"
+    items = list(line.items)
+    if line.fifo:
+        for i in range(1, len(items)):
+            assert items[i - 1][:2] < items[i][:2], f"FIFO order of {line}"
+    else:
+        for i in range(1, len(items)):
+            assert items[(i - 1) // 2][:2] <= items[i][:2], f"heap order of {line}"
+
+
+def _has_wakeup(engine: Engine, instant: float, kind: int, state: TupleState) -> bool:
+    return any(w[0] == instant and w[2] == kind and w[3] is state for w in engine._wakeups)
+
+
+def check_invariants(engine: Engine) -> None:
+    """Assert every invariant the scheduler's state shows (see ``Scheduler``)."""
+    assert engine._counter >= 0
+    ready_entries = {id(e) for e in engine._ready}
+    for model_tuple, state in engine._tuples.items():
+        assert state.tuple == model_tuple
+        assert not state.idle or model_tuple in engine._idle, f"idle tuple kept: {model_tuple}"
+        assert state.active >= 0
+        assert state.borrowed >= 0
+        assert state.queued >= 0
+        for line in (state.permits, state.requests, state.covered):
+            _check_line(line, state)
+        for ticket in state.foreground or ():
+            assert ticket.reject, f"foreground {ticket}"
+            assert ticket.state in (0, QUEUED), f"foreground {ticket}"
+        if not state.open and state.reopens_at is not None:
+            assert _has_wakeup(engine, state.reopens_at, GATE, state), f"no reopen: {state}"
+        block = state.block
+        if block is not None:
+            assert block.state == QUEUED, f"block {block}"
+            assert block.request, f"block {block}"
+            assert block.tuple_state is state, f"block {block}"
+            assert state.block_until is not None
+            assert _has_wakeup(engine, state.block_until, BUDGET, state), f"no wake: {state}"
+        # Each runnable line (whose head is not held back) is represented in _ready.
+        for line in (state.permits, state.requests):
+            head = peek(line)
+            if head is None or not state.admits:
+                continue
+            if line.kind == REQUESTS and _held_back(state, head):
+                continue
+            entry = line.entry
+            assert entry is not None, f"{line} runnable but not ready"
+            assert entry[:2] <= (head.order, head.seq), f"{line} ready with a later key"
+            assert id(entry) in ready_entries, f"{line} entry not in the ready heap"
+        # Covered requests wait only for the gate, a foreign cap or the budget.
+        for waiting in state.covered.items:
+            ticket = waiting[2]
+            if not state.covered.live(waiting):
+                continue
+            cover = ticket.cover
+            assert cover is not None, f"{ticket}: no cover"
+            assert cover.state == GRANTED, f"{ticket}: cover not held"
+            assert cover.covering is ticket, f"{ticket}: cover covers another"
+        covered_head = peek(state.covered)
+        if covered_head is not None and state.open:
+            cover = covered_head.cover
+            assert cover is not None
+            foreign = cover.tuple_state is not state
+            assert (foreign and state.capped) or _held_back(state, covered_head), (
+                f"{covered_head} could run on its cover but waits"
+            )
+        # A held permit that covers nothing has no waiting candidate.
+        for waiting in state.requests.items:
+            ticket = waiting[2]
+            cover = ticket.cover
+            if not state.requests.live(waiting) or cover is None:
+                continue
+            if cover.state == GRANTED and cover.covering is None:
+                raise AssertionError(f"{ticket} waits although its cover {cover} is free")
+            if cover.state != DONE:
+                candidates = cover.candidates or []
+                assert any(c[2] is ticket for c in candidates), f"{ticket}: not a candidate"
+    assert len(engine._idle) <= IDLE_KEPT
+    bypass_live = [e for e in engine._bypass if e[2].state == QUEUED and e[2].seq == e[1]]
+    assert len(engine._bypass) - len(bypass_live) == engine._bypass_dead
+    assert all(e[2].bypass for e in bypass_live)
+    assert engine.active == sum(s.active for s in engine._tuples.values())
+    assert engine.queued == sum(s.queued for s in engine._tuples.values())
+    assert engine.lent >= len(bypass_live)
+    if engine.active < engine.limit:
+        assert not bypass_live, "a reacquire could run but waits"
+        for state in engine._tuples.values():
+            if not state.admits:
+                continue
+            assert peek(state.permits) is None, f"{state.tuple} permit could run but waits"
+            head = peek(state.requests)
+            assert head is None or _held_back(state, head), (
+                f"{state.tuple} request could run but waits"
+            )

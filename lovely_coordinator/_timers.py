@@ -1,0 +1,159 @@
+"""The coordinator's clock and its one timer, which survive a change of event loop.
+
+The scheduler keeps instants (timed reopens, budget wake-ups, bucket refills) on one
+clock: the anyio clock of the coordinator's *home* loop, the event loop that last
+adopted it. A process-global coordinator outlives event loops (one ``anyio.run`` after
+another; trio's clock even starts at a random offset in every run), and may be used from
+loops in several threads at once:
+
+* Used from a new loop while the home loop has ended (the same thread runs a new loop,
+  or the home loop stopped), the new loop adopts the coordinator: every stored instant is
+  restated on its clock (``Scheduler.shift_time``; the time that remains is real time, so
+  a trio ``MockClock`` does not carry over) and the timer is re-armed there.
+* Used from a loop in another thread while the home loop still runs, the home loop
+  stays home: that thread reads the home clock through ``time.monotonic()`` plus the
+  home clock's offset from it (exact between asyncio loops, whose clocks *are*
+  ``time.monotonic()``), and timers are armed on the home loop through its thread-safe
+  entry.
+
+:class:`WakeupTimer` is the single timer: armed at ``Scheduler.next_wakeup()`` on the
+home loop, re-armed whenever that instant changes, and firing ``advance``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import final
+
+from ._backend import Timer, call_at, call_soon_on, current_loop, current_time_or_none, loop_alive
+
+__all__ = ["LoopClock", "WakeupTimer"]
+
+
+@final
+class LoopClock:
+    """The coordinator's time: its home loop's anyio clock (see the module docstring).
+
+    Attributes:
+        home: the home loop's identity, or None before any loop used the coordinator.
+        offset: the home clock minus ``time.monotonic()``, as last measured on it.
+    """
+
+    __slots__ = ("_here", "_thread", "home", "offset")
+
+    def __init__(self) -> None:
+        self.home: object | None = None
+        self.offset = 0.0
+        self._thread: int | None = None
+        # The last other loop whose clock was compared with home, and its offset from
+        # time.monotonic(): measured once, so repeated reads restate times identically.
+        self._here: tuple[object, float] | None = None
+
+    def now(self) -> float:
+        """The home clock's current time, from whichever thread asks."""
+        if self.home is not None and current_loop() is self.home:
+            now = current_time_or_none()
+            if now is not None:
+                self.offset = now - time.monotonic()  # follows a clock that jumps (MockClock)
+                return now
+        return time.monotonic() + self.offset
+
+    def here_minus_home(self) -> float:
+        """How far the calling loop's clock is ahead of the home clock (0 on home)."""
+        loop = current_loop()
+        if self.home is None or loop is None or loop is self.home:
+            return 0.0
+        cached = self._here
+        if cached is None or cached[0] is not loop:
+            here = current_time_or_none()
+            assert here is not None  # a loop is running
+            cached = self._here = (loop, here - time.monotonic())
+        return cached[1] - self.offset
+
+    def on_home(self) -> bool:
+        """Whether the caller runs on the home loop."""
+        return self.home is not None and current_loop() is self.home
+
+    def follow(self) -> float | None:
+        """Adopt the calling loop as home if the home loop is gone (or there is none).
+
+        Returns:
+            How far ahead the new clock is of the old one (for ``shift_time``), or None
+            when nothing changed.
+        """
+        loop = current_loop()
+        home = self.home
+        if loop is None or loop is home:
+            return None
+        if home is not None:
+            same_thread = self._thread == threading.get_ident()
+            if not same_thread and loop_alive(home):
+                return None  # the home loop runs on in its thread: it stays home
+        now = current_time_or_none()
+        assert now is not None  # a loop is running
+        offset = now - time.monotonic()
+        delta = 0.0 if home is None else offset - self.offset
+        self.home, self.offset, self._thread = loop, offset, threading.get_ident()
+        return delta
+
+
+@final
+class WakeupTimer:
+    """One timer at the scheduler's next wake-up, on the home loop.
+
+    Args:
+        clock: the coordinator's clock (which says where home is).
+        fire: called on the home loop when the timer is due (it advances the scheduler).
+        lock: the coordinator's lock, held around every arming decision.
+    """
+
+    __slots__ = ("_clock", "_fire", "_handle", "_lock", "_loop", "armed_at")
+
+    def __init__(self, clock: LoopClock, fire: Callable[[], None], lock: threading.RLock) -> None:
+        self._clock = clock
+        self._fire = fire
+        self._lock = lock
+        self._handle: Timer | None = None
+        self._loop: object | None = None
+        self.armed_at: float | None = None
+
+    def rearm(self, instant: float | None) -> None:
+        """Make ``instant`` (on the home clock; None: none) the armed time. Under the lock."""
+        home = self._clock.home
+        if instant == self.armed_at and self._loop is home:
+            return
+        self._cancel()
+        if instant is None or home is None:
+            return  # with no home yet, the first loop to adopt the coordinator arms it
+        self.armed_at = instant
+        self._loop = home
+        if self._clock.on_home():
+            self._handle = call_at(instant, self._due)
+        elif not call_soon_on(home, self._arm_on_home):
+            self.armed_at = self._loop = None  # the home loop ended: the next one arms
+
+    def _arm_on_home(self) -> None:
+        # Asked from another thread; runs on the home loop. Arm for whatever is armed by
+        # now (later changes may have moved it; they asked again if so).
+        with self._lock:
+            if self._loop is not current_loop() or self._handle is not None:
+                return
+            if self.armed_at is not None:
+                self._handle = call_at(self.armed_at, self._due)
+
+    def _cancel(self) -> None:
+        handle, loop = self._handle, self._loop
+        self._handle = self._loop = self.armed_at = None
+        if handle is None:
+            return
+        if loop is current_loop():
+            handle.cancel()
+        else:
+            call_soon_on(loop, handle.cancel)  # a timer is cancelled on its own loop
+
+    def _due(self) -> None:
+        with self._lock:
+            self._handle = self._loop = self.armed_at = None
+            self._fire()
