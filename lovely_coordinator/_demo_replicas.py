@@ -24,6 +24,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,14 +45,21 @@ RETRY_AFTER = 0.8  # seconds, at scale 1
 LIMITED = "r1"  # the replica whose first call to CLAUDE gets the 429
 
 
-def _report(**fields: Any) -> None:
+Report = Callable[..., None]  # report(**fields): one observation
+
+
+def _print(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
 # --- one replica process ------------------------------------------------------------------
 
 
-async def _replica(url: str, name: str, scale: float) -> None:
+async def replica(
+    url: str, name: str, scale: float, *, order: Callable[[], Awaitable[object]], report: Report
+) -> None:
+    """One replica: report ``ready``, wait for an order, take its turns, report ``done``,
+    wait for another order. (A process of its own in the demo; tasks of one in a test.)"""
     import redis.asyncio
 
     from .redis import FencedLog, RedisGates, RedisLocker
@@ -65,7 +73,7 @@ async def _replica(url: str, name: str, scale: float) -> None:
         now_closed = not coordinator.is_tuple_open(CLAUDE)
         if now_closed != closed:
             closed = now_closed
-            _report(gate=[name, closed, time.monotonic()])
+            report(gate=[name, closed, time.monotonic()])
 
     coordinator.subscribe(on_update)
     calls = 0
@@ -82,11 +90,11 @@ async def _replica(url: str, name: str, scale: float) -> None:
                     started = time.monotonic()
                     calls += t == CLAUDE
                     if name == LIMITED and t == CLAUDE and calls == 1:
-                        _report(limited=[name, time.monotonic(), RETRY_AFTER])
+                        report(limited=[name, time.monotonic(), RETRY_AFTER])
                         await gates.close_tuple(t, reopen_after=RETRY_AFTER * scale)
                         continue  # give the slot back and queue again behind the gate
                     await anyio.sleep(CALL * scale)
-                    _report(call=[name, str(t), started])
+                    report(call=[name, str(t), started])
                     return
 
         async def turn(fence: int) -> None:
@@ -95,16 +103,16 @@ async def _replica(url: str, name: str, scale: float) -> None:
             await call_model(GPT)  # plan
             await call_model(CLAUDE)  # answer
             index = await log.append(fence, f"{name}: answer {len(history) + 1}")
-            _report(turn=[name, fence, index, started, time.monotonic()])
+            report(turn=[name, fence, index, started, time.monotonic()])
 
         async with gates, TurnRegistry(locker=RedisLocker(client, ttl=5)) as turns:
-            _report(ready=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            report(ready=True)
+            await order()
             for _ in range(TURNS_EACH):
                 await turns.run(CONVERSATION, turn)
                 await anyio.sleep(0.05 * scale)  # let the others have a turn
-            _report(done=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            report(done=True)
+            await order()
 
 
 # --- the parent ---------------------------------------------------------------------------
@@ -116,6 +124,16 @@ class _Seen:
     gate: list[list[Any]] = field(default_factory=list)
     calls: list[list[Any]] = field(default_factory=list)
     limited: list[Any] | None = None
+
+    def record(self, observation: dict[str, Any]) -> None:
+        if "turn" in observation:
+            self.turns.append(observation["turn"])
+        elif "gate" in observation:
+            self.gate.append(observation["gate"])
+        elif "call" in observation:
+            self.calls.append(observation["call"])
+        elif "limited" in observation:
+            self.limited = observation["limited"]
 
 
 async def _run(replicas: int, scale: float) -> int:
@@ -153,18 +171,8 @@ async def _run(replicas: int, scale: float) -> int:
 
 
 async def _collect(child: Child, seen: _Seen) -> None:
-    while True:
-        report = await child.read()
-        if "done" in report:
-            return
-        if "turn" in report:
-            seen.turns.append(report["turn"])
-        elif "gate" in report:
-            seen.gate.append(report["gate"])
-        elif "call" in report:
-            seen.calls.append(report["call"])
-        elif "limited" in report:
-            seen.limited = report["limited"]
+    while "done" not in (observation := await child.read()):
+        seen.record(observation)
 
 
 def _problems(seen: _Seen, names: list[str], scale: float) -> list[str]:
@@ -245,4 +253,8 @@ if __name__ == "__main__":
     p.add_argument("name")
     p.add_argument("scale", type=float)
     args = parser.parse_args()
-    asyncio.run(_replica(args.url, args.name, args.scale))
+
+    async def order() -> str:
+        return await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+    asyncio.run(replica(args.url, args.name, args.scale, order=order, report=_print))
