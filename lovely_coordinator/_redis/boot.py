@@ -34,7 +34,14 @@ from .keys import FRESH_BOOT_KEY
 from .log import log
 from .subscriber import text
 
-__all__ = ["declared_fresh", "ensure_supported", "fresh_run_id", "too_old", "tell_quiet"]
+__all__ = [
+    "declared_fresh",
+    "ensure_supported",
+    "fresh_run_id",
+    "on_quiet",
+    "tell_quiet",
+    "too_old",
+]
 
 
 OLDEST_REDIS: Final = (7, 0)
@@ -127,6 +134,19 @@ async def declared_fresh(client: redis.asyncio.Redis, run_id: str) -> bool:
         state.fresh_checked_for = run_id
         state.fresh = run_id if value is not None and text(value) == run_id else ""
     return state.fresh == run_id
+
+
+async def on_quiet(client: redis.asyncio.Redis, what: str, remaining_ms: int, run_id: str) -> bool:
+    """What a waiter does when a script tells it of a quiet period (see ``grant.py``).
+
+    Returns:
+        True if boot ``run_id`` was declared fresh: the attempt is to be made again at
+        once, with the run id. Otherwise the period is logged (:func:`tell_quiet`).
+    """
+    if await declared_fresh(client, run_id):
+        return True
+    tell_quiet(client, run_id, what, remaining_ms)
+    return False
 
 
 def tell_quiet(client: redis.asyncio.Redis, run_id: str, what: str, remaining_ms: int) -> None:

@@ -19,6 +19,7 @@ latency.
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import final
@@ -106,18 +107,12 @@ class RedisLocker:
             )
             return reply
 
-        async def on_quiet(remaining_ms: int, run_id: str) -> bool:
-            if await boot.declared_fresh(client, run_id):
-                return True
-            boot.tell_quiet(client, run_id, f"conversation {conversation_id!r}", remaining_ms)
-            return False
-
         reply, sent = await wait_for_grant(
             attempt,
             lambda: self._watching(conversation_id),
             lambda: self._delete(conversation_id, owner, abandon=True),
             give_back=lambda _: self._delete(conversation_id, owner),
-            on_quiet=on_quiet,
+            on_quiet=functools.partial(boot.on_quiet, client, f"conversation {conversation_id!r}"),
             subscribed=lambda: self._subscriber.subscribed,
             ttl=self._ttl,
             recheck=MAX_RECHECK,

@@ -26,6 +26,7 @@ also re-checks when the earliest holder is due to expire and at least every
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -130,12 +131,6 @@ class RedisPermitPool:
             reply: list[int] = await self._acquire_script(keys, [*args, boot.fresh_run_id(client)])
             return reply
 
-        async def on_quiet(remaining_ms: int, run_id: str) -> bool:
-            if await boot.declared_fresh(client, run_id):
-                return True
-            boot.tell_quiet(client, run_id, f"permit pool {self.name!r}", remaining_ms)
-            return False
-
         async def give_back(reply: Sequence[Any]) -> None:
             await self._leave(permit_id, requeue=int(reply[2]))
 
@@ -144,7 +139,7 @@ class RedisPermitPool:
             self._watching,
             lambda: self._leave(permit_id, abandon=True),
             give_back=give_back,
-            on_quiet=on_quiet,
+            on_quiet=functools.partial(boot.on_quiet, client, f"permit pool {self.name!r}"),
             subscribed=lambda: self._subscriber.subscribed,
             ttl=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
