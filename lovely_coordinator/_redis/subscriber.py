@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, final
 
 import anyio
+import redis.asyncio
 from redis.exceptions import RedisError
 
 from . import cancellation
@@ -67,7 +68,7 @@ class Subscriber:
 
     def __init__(
         self,
-        client: Any,
+        client: redis.asyncio.Redis,
         channel: str,
         on_message: Callable[[str], object],
         on_reset: Callable[[], object],
@@ -131,7 +132,7 @@ class Subscriber:
 
     async def _listen(self, ready: anyio.Event) -> None:
         failures = 0
-        pubsub = self._client.pubsub()
+        pubsub: Any = self._client.pubsub()  # its methods are not all typed
         since = cancellation.mark()
         try:
             while True:
