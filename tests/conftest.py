@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import redis.asyncio
 
 from lovely_coordinator._redis.server import ThrowawayServer
@@ -20,7 +19,11 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 # --- Redis (lovely_coordinator.redis, asyncio-only) ---------------------------------------
 # One throwaway server for the whole run (never a mock); tests that kill, pause or restart a
-# server start their own. A missing server binary is an error, never a skip.
+# server start their own. A missing server binary is an error, never a skip. The async
+# fixtures are run by anyio's plugin, on the test's own event loop: the Redis modules import
+# an asyncio-only ``anyio_backend`` (redis_helpers) in place of the one above. They ask for
+# ``anyio_backend`` themselves because anyio runs an async fixture only for a test that has
+# it, and the argument checks are synchronous tests that need a client too.
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +32,8 @@ def redis_server() -> Iterator[ThrowawayServer]:
         yield server
 
 
-@pytest_asyncio.fixture
-async def redis_client(redis_server: ThrowawayServer) -> AsyncIterator[Any]:
+@pytest.fixture
+async def redis_client(redis_server: ThrowawayServer, anyio_backend: str) -> AsyncIterator[Any]:
     """A client on the shared server, which is flushed (and declared fresh) first."""
     redis_server.flush()
     client = redis.asyncio.Redis.from_url(redis_server.url)
@@ -38,8 +41,8 @@ async def redis_client(redis_server: ThrowawayServer) -> AsyncIterator[Any]:
     await client.aclose()
 
 
-@pytest_asyncio.fixture
-async def redis_connect() -> AsyncIterator[Callable[..., Any]]:
+@pytest.fixture
+async def redis_connect(anyio_backend: str) -> AsyncIterator[Callable[..., Any]]:
     """Makes more clients: ``redis_connect(url, **options)`` (``Redis.from_url`` options).
 
     Every client made is closed after the test, whether it passed or failed.

@@ -18,6 +18,13 @@ RECONNECTING: dict[str, Any] = {"retry_on_error": [redis.exceptions.ConnectionEr
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """``lovely_coordinator.redis`` is asyncio-only: a Redis test module that imports this
+    runs its anyio tests on asyncio alone (conftest's fixture runs them on trio too)."""
+    return "asyncio"
+
+
+@pytest.fixture
 def own_server() -> Iterator[ThrowawayServer]:
     """A private server this test may kill, pause or restart."""
     with ThrowawayServer() as server:

@@ -19,6 +19,12 @@ from lovely_coordinator._demo_replicas import (
 )
 from lovely_coordinator._redis.server import ThrowawayServer
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 
 def test_three_replica_processes_share_the_gate_and_take_turns(
     capsys: pytest.CaptureFixture[str],
@@ -38,7 +44,6 @@ def test_three_replica_processes_share_the_gate_and_take_turns(
     assert {row[1] for row in rows} == {"r0", "r1", "r2"}  # the turns hopped between processes
 
 
-@pytest.mark.asyncio
 async def test_the_replicas_keep_every_check_in_one_process_too(
     redis_client: Any, redis_server: ThrowawayServer
 ) -> None:

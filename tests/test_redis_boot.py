@@ -14,9 +14,11 @@ from lovely_coordinator._redis import boot
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
 from lovely_coordinator._redis.server import ThrowawayServer
 
-from .redis_helpers import own_server, run_id
+from .redis_helpers import anyio_backend, own_server, run_id
 
-__all__ = ["own_server"]  # a fixture
+__all__ = ["anyio_backend", "own_server"]  # fixtures
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize(
@@ -49,7 +51,6 @@ def test_the_refusal_names_the_version() -> None:
     )
 
 
-@pytest.mark.asyncio
 async def test_the_running_server_is_supported_and_asked_once(
     redis_client: Any, redis_connect: Callable[..., Any], redis_server: ThrowawayServer
 ) -> None:
@@ -60,7 +61,6 @@ async def test_the_running_server_is_supported_and_asked_once(
         await boot.ensure_supported(client)
 
 
-@pytest.mark.asyncio
 async def test_a_declaration_names_one_boot(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:

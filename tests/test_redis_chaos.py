@@ -22,6 +22,11 @@ from .redis_chaos import (
     format_table,
     run_chaos,
 )
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
 
 
 def test_the_oracle_sees_a_lost_update() -> None:
@@ -90,7 +95,6 @@ def test_the_table_has_a_row_per_run() -> None:
     assert table[2].split()[:3] == ["7", "10", "2"]
 
 
-@pytest.mark.asyncio
 async def test_a_chaos_run_keeps_every_promise() -> None:
     report = await run_chaos(ChaosConfig(seed=12, duration=30.0))
     print(format_table([report]))
@@ -103,7 +107,6 @@ async def test_a_chaos_run_keeps_every_promise() -> None:
     assert report.gate_samples >= 3  # the replicas saw the gate close
 
 
-@pytest.mark.asyncio
 async def test_without_fenced_reads_the_same_faults_lose_updates() -> None:
     # The control experiment: the stalled old holder writes while the new one waits on
     # its model. With plain reads the store cannot know, and updates are lost.

@@ -9,10 +9,15 @@ import pytest
 
 from lovely_coordinator._redis.child import Child, running
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 ECHO = "import json, sys\nprint(json.dumps({'hello': 1}))\nprint(sys.stdin.readline().strip())"
 
 
-@pytest.mark.asyncio
 async def test_read_send_and_exit() -> None:
     with anyio.fail_after(10):
         child = await Child.start("-c", ECHO)
@@ -25,7 +30,6 @@ async def test_read_send_and_exit() -> None:
         await child.kill()  # fine after exit
 
 
-@pytest.mark.asyncio
 async def test_kill_a_stopped_child() -> None:
     with anyio.fail_after(10):
         child = await Child.start("-c", "import time; time.sleep(60)")
@@ -34,7 +38,6 @@ async def test_kill_a_stopped_child() -> None:
         assert await child.wait() == -signal.SIGKILL
 
 
-@pytest.mark.asyncio
 async def test_running_kills_every_child_on_the_way_out() -> None:
     with anyio.fail_after(10):
         sleeper = ("-c", "import time; time.sleep(60)")

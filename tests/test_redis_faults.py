@@ -14,10 +14,15 @@ from redis.backoff import NoBackoff
 from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 NO_RETRY: dict[str, Any] = {"retry": Retry(NoBackoff(), 0), "socket_timeout": 0.3}
 
 
-@pytest.mark.asyncio
 async def test_healthy_and_delayed(
     redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -35,7 +40,6 @@ async def test_healthy_and_delayed(
             assert anyio.current_time() - start < 0.2
 
 
-@pytest.mark.asyncio
 async def test_cut_replies_lets_the_request_through(
     redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
 ) -> None:
@@ -50,7 +54,6 @@ async def test_cut_replies_lets_the_request_through(
             assert await client.ping()  # a new connection is not affected
 
 
-@pytest.mark.asyncio
 async def test_drop_and_partition_and_heal(
     redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
 ) -> None:
@@ -69,7 +72,6 @@ async def test_drop_and_partition_and_heal(
             assert await client.ping()
 
 
-@pytest.mark.asyncio
 async def test_replies_can_be_rewritten(
     redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
 ) -> None:

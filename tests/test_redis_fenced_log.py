@@ -15,8 +15,13 @@ from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
+from .redis_helpers import anyio_backend
 
-@pytest.mark.asyncio
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
+
 async def test_empty_log(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -24,7 +29,6 @@ async def test_empty_log(redis_client: Any) -> None:
         assert await log.high_water() == 0
 
 
-@pytest.mark.asyncio
 async def test_append_returns_indexes_and_raises_the_bar(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -35,7 +39,6 @@ async def test_append_returns_indexes_and_raises_the_bar(redis_client: Any) -> N
         assert await log.entries() == [(3, "a"), (3, "b"), (5, "c:with:colons")]
 
 
-@pytest.mark.asyncio
 async def test_stale_fence_is_refused_and_changes_nothing(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -49,7 +52,6 @@ async def test_stale_fence_is_refused_and_changes_nothing(redis_client: Any) -> 
         assert await log.high_water() == 7
 
 
-@pytest.mark.asyncio
 async def test_fence_zero_is_unfenced(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -62,7 +64,6 @@ async def test_fence_zero_is_unfenced(redis_client: Any) -> None:
             await log.append(8, "w")
 
 
-@pytest.mark.asyncio
 async def test_fences_beyond_double_precision_compare_exactly(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -73,14 +74,12 @@ async def test_fences_beyond_double_precision_compare_exactly(redis_client: Any)
         assert await log.high_water() == big
 
 
-@pytest.mark.asyncio
 async def test_logs_are_independent(redis_client: Any) -> None:
     with anyio.fail_after(5):
         await FencedLog(redis_client, "one").append(10, "a")
         assert await FencedLog(redis_client, "two").append(1, "b") == 0
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize(("fence", "entry"), [(-1, "a"), (True, "a"), (1.0, "a"), (1, b"a")])
 async def test_bad_arguments(redis_client: Any, fence: Any, entry: Any) -> None:
     with anyio.fail_after(5):
@@ -101,7 +100,6 @@ def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any) ->
         FencedLog(client, "log")
 
 
-@pytest.mark.asyncio
 async def test_works_with_a_decoding_client(
     redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -113,7 +111,6 @@ async def test_works_with_a_decoding_client(
         assert await log.high_water() == 2
 
 
-@pytest.mark.asyncio
 async def test_a_resent_append_answers_as_the_first_did(redis_client: Any) -> None:
     with anyio.fail_after(5):
         # What redis-py does when a reply is lost: the same call again, on a new connection.
@@ -138,7 +135,6 @@ class Index:
         return self.value
 
 
-@pytest.mark.asyncio
 async def test_a_fenced_read_returns_the_entries_and_raises_the_mark(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -153,7 +149,6 @@ async def test_a_fenced_read_returns_the_entries_and_raises_the_mark(redis_clien
         assert await log.entries() == [(3, "a"), (5, "b")]
 
 
-@pytest.mark.asyncio
 async def test_a_stale_fenced_read_is_refused_and_changes_nothing(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -167,7 +162,6 @@ async def test_a_stale_fenced_read_is_refused_and_changes_nothing(redis_client: 
         assert await log.entries() == [(9, "a")]
 
 
-@pytest.mark.asyncio
 async def test_claim_fences_off_older_holders_without_reading(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -181,7 +175,6 @@ async def test_claim_fences_off_older_holders_without_reading(redis_client: Any)
         assert await log.high_water() == 7
 
 
-@pytest.mark.asyncio
 async def test_read_modify_write_under_fences_loses_no_update(redis_client: Any) -> None:
     with anyio.fail_after(5):
         # The lost update of issue 12, in one process: the old holder read, the new
@@ -195,7 +188,6 @@ async def test_read_modify_write_under_fences_loses_no_update(redis_client: Any)
         assert await log.entries() == [(11, "1")]
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("fence", [-1, True, 1.0, "1", None])
 async def test_bad_fences_for_reads_and_claims(redis_client: Any, fence: Any) -> None:
     with anyio.fail_after(5):
@@ -208,7 +200,6 @@ async def test_bad_fences_for_reads_and_claims(redis_client: Any, fence: Any) ->
         assert await log.high_water() == 0
 
 
-@pytest.mark.asyncio
 async def test_braces_in_log_keys_never_make_two_logs_meet(redis_client: Any) -> None:
     with anyio.fail_after(5):
         await FencedLog(redis_client, "{a}").append(5, "x")
@@ -217,7 +208,6 @@ async def test_braces_in_log_keys_never_make_two_logs_meet(redis_client: Any) ->
         assert await FencedLog(redis_client, "{a}").entries() == [(5, "x")]
 
 
-@pytest.mark.asyncio
 async def test_a_fenced_read_loads_its_script_on_a_server_that_lost_it(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -227,7 +217,6 @@ async def test_a_fenced_read_loads_its_script_on_a_server_that_lost_it(redis_cli
         assert await log.high_water() == 4
 
 
-@pytest.mark.asyncio
 async def test_a_fenced_read_with_a_decoding_client(
     redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -239,7 +228,6 @@ async def test_a_fenced_read_with_a_decoding_client(
             await log.entries(fence=1)
 
 
-@pytest.mark.asyncio
 async def test_an_error_reply_leaves_the_connection_usable(redis_client: Any) -> None:
     with anyio.fail_after(5):
         log = FencedLog(redis_client, "log")
@@ -253,7 +241,6 @@ async def test_an_error_reply_leaves_the_connection_usable(redis_client: Any) ->
         assert await redis_client.ping()
 
 
-@pytest.mark.asyncio
 async def test_a_cancelled_fenced_read_gives_its_connection_back(
     redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:

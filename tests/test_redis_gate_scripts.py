@@ -9,10 +9,15 @@ import pytest
 
 from lovely_coordinator._redis import gate_scripts
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 KEYS = ["g:{gates}:closed", "g:{gates}:epoch"]
 
 
-@pytest.mark.asyncio
 async def test_gate_close_keeps_the_later_reopen_time(redis_client: Any) -> None:
     with anyio.fail_after(5):
         close = redis_client.register_script(gate_scripts.GATE_CLOSE)
@@ -25,7 +30,6 @@ async def test_gate_close_keeps_the_later_reopen_time(redis_client: Any) -> None
         assert 4900 < int(left) <= 5000
 
 
-@pytest.mark.asyncio
 async def test_gate_state_drops_closures_that_ran_out(redis_client: Any) -> None:
     with anyio.fail_after(5):
         close = redis_client.register_script(gate_scripts.GATE_CLOSE)
@@ -36,7 +40,6 @@ async def test_gate_state_drops_closures_that_ran_out(redis_client: Any) -> None
         assert await redis_client.zcard(KEYS[0]) == 0
 
 
-@pytest.mark.asyncio
 async def test_the_epoch_is_made_once_and_remade_only_after_a_loss(redis_client: Any) -> None:
     with anyio.fail_after(5):
         state = redis_client.register_script(gate_scripts.GATE_STATE)

@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import pytest
-import pytest_asyncio
 import redis
 import redis.asyncio
 import redis.exceptions
@@ -27,7 +26,11 @@ from lovely_coordinator._errors import UsageError
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisGates
 
-from .redis_helpers import RECONNECTING
+from .redis_helpers import RECONNECTING, anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
 
 SLOW = ModelTuple("openai", "gpt-x")
 OTHER = ModelTuple("anthropic", "claude-y")
@@ -40,7 +43,7 @@ class Replica:
         self.gates = RedisGates(self.client, self.coordinator, **options)
 
 
-@pytest_asyncio.fixture
+@pytest.fixture
 async def replicas(
     redis_client: Any, redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> AsyncIterator[list[Replica]]:
@@ -64,7 +67,6 @@ async def resync_after_killing_pubsub(replica: Replica, redis_client: Any) -> No
         await anyio.sleep(0.01)
 
 
-@pytest.mark.asyncio
 async def test_close_on_one_replica_parks_that_tuple_on_the_other(replicas: list[Replica]) -> None:
     a, b = replicas
     with anyio.fail_after(10):
@@ -88,7 +90,6 @@ async def test_close_on_one_replica_parks_that_tuple_on_the_other(replicas: list
         assert b.coordinator.is_tuple_open(SLOW)
 
 
-@pytest.mark.asyncio
 async def test_both_replicas_reopen_at_the_same_time(replicas: list[Replica]) -> None:
     a, b = replicas
     with anyio.fail_after(10):
@@ -101,7 +102,6 @@ async def test_both_replicas_reopen_at_the_same_time(replicas: list[Replica]) ->
         assert abs(at_a - at_b) < 0.2
 
 
-@pytest.mark.asyncio
 async def test_no_replica_shortens_a_closure(replicas: list[Replica]) -> None:
     a, b = replicas
     with anyio.fail_after(10):
@@ -115,7 +115,6 @@ async def test_no_replica_shortens_a_closure(replicas: list[Replica]) -> None:
             assert reopens_at - anyio.current_time() > 4
 
 
-@pytest.mark.asyncio
 async def test_open_tuple_opens_everywhere(replicas: list[Replica]) -> None:
     a, b = replicas
     with anyio.fail_after(10):
@@ -127,7 +126,6 @@ async def test_open_tuple_opens_everywhere(replicas: list[Replica]) -> None:
             await anyio.sleep(0.005)
 
 
-@pytest.mark.asyncio
 async def test_a_new_replica_starts_with_the_current_closures(
     replicas: list[Replica], redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -142,7 +140,6 @@ async def test_a_new_replica_starts_with_the_current_closures(
             assert 29 < reopens_at - anyio.current_time() <= 30
 
 
-@pytest.mark.asyncio
 async def test_killed_pubsub_connection_resyncs(replicas: list[Replica], redis_client: Any) -> None:
     a, b = replicas
     with anyio.fail_after(10):
@@ -156,7 +153,6 @@ async def test_killed_pubsub_connection_resyncs(replicas: list[Replica], redis_c
         await closed_within(a.coordinator, SLOW, 5)
 
 
-@pytest.mark.asyncio
 async def test_resync_reopens_a_closure_opened_while_disconnected(
     replicas: list[Replica], redis_client: Any
 ) -> None:
@@ -169,7 +165,6 @@ async def test_resync_reopens_a_closure_opened_while_disconnected(
         assert b.coordinator.is_tuple_open(SLOW)
 
 
-@pytest.mark.asyncio
 async def test_resync_keeps_a_longer_local_closure(
     replicas: list[Replica], redis_client: Any
 ) -> None:
@@ -182,7 +177,6 @@ async def test_resync_keeps_a_longer_local_closure(
         assert not b.coordinator.is_tuple_open(SLOW)
 
 
-@pytest.mark.asyncio
 async def test_unreachable_redis_still_gates_locally_and_shares_later(
     redis_connect: Callable[..., Any],
 ) -> None:
@@ -199,7 +193,6 @@ async def test_unreachable_redis_still_gates_locally_and_shares_later(
             await closed_within(b.coordinator, SLOW, 5)
 
 
-@pytest.mark.asyncio
 async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_running(
     redis_connect: Callable[..., Any],
 ) -> None:
@@ -207,9 +200,11 @@ async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_run
         server.kill()
         # No client-side retries: the refusal is reported at once.
         a = Replica(redis_connect(server.url, retry=Retry(NoBackoff(), 0)))
+        # The tasks that are not the gates' (the test's own and the test runner's).
+        before = asyncio.all_tasks()
         with pytest.raises(redis.exceptions.ConnectionError):
             await a.gates.__aenter__()
-        while len(asyncio.all_tasks()) > 1:  # noqa: ASYNC110  (the listener retires)
+        while asyncio.all_tasks() - before:  # noqa: ASYNC110  (the listener retires)
             await anyio.sleep(0.01)
         server.start()
         async with a.gates:  # and entering works once the server is back
@@ -217,7 +212,6 @@ async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_run
             assert not a.coordinator.is_tuple_open(SLOW)
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("reopen_after", [-1, math.nan, math.inf, 1e306, 10**400, True, "5"])
 async def test_bad_reopen_after_changes_nothing(
     replicas: list[Replica], redis_client: Any, reopen_after: Any
@@ -231,7 +225,6 @@ async def test_bad_reopen_after_changes_nothing(
         assert await redis_client.zcard("lovely:{gates}:closed") == 0
 
 
-@pytest.mark.asyncio
 async def test_malformed_state_and_messages_are_ignored(
     replicas: list[Replica], redis_client: Any
 ) -> None:
@@ -247,7 +240,6 @@ async def test_malformed_state_and_messages_are_ignored(
         assert not b.coordinator.is_tuple_open(SLOW)
 
 
-@pytest.mark.asyncio
 async def test_entering_twice_is_refused(replicas: list[Replica]) -> None:
     with anyio.fail_after(5), pytest.raises(UsageError, match="already entered"):
         await replicas[0].gates.__aenter__()
@@ -278,7 +270,6 @@ def test_gates_can_be_made_outside_an_event_loop() -> None:
     RedisGates(redis.asyncio.Redis.from_url("redis://127.0.0.1:1"), create_agent_coordinator())
 
 
-@pytest.mark.asyncio
 async def test_a_restart_without_persistence_never_shortens_a_closure(
     redis_connect: Callable[..., Any],
 ) -> None:
@@ -310,7 +301,8 @@ async def test_a_restart_without_persistence_never_shortens_a_closure(
             assert reopens_at - anyio.current_time() > 15
 
 
-@pytest.mark.anyio
+# Both backends, overriding the module's asyncio-only fixture: the refusal under trio.
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_under_trio_the_error_says_asyncio_only(anyio_backend: str) -> None:
     client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1")
     if anyio_backend == "asyncio":

@@ -16,6 +16,12 @@ from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.grant import Grant, wait_for_grant
 from lovely_coordinator._redis.subscriber import Watch
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 GRANTED, WAITING, QUIET = scripts.GRANTED, scripts.WAITING, scripts.QUIET
 
 
@@ -78,7 +84,6 @@ class Script:
         )
 
 
-@pytest.mark.asyncio
 async def test_granted_at_once_needs_no_subscription() -> None:
     with anyio.fail_after(5):
         script = Script((GRANTED, 42))
@@ -89,7 +94,6 @@ async def test_granted_at_once_needs_no_subscription() -> None:
         assert script.cleaned_up == 0
 
 
-@pytest.mark.asyncio
 async def test_first_refusal_subscribes_and_retries_at_once_then_waits_for_a_wake_up() -> None:
     with anyio.fail_after(5):
         script = Script((WAITING, -1), (WAITING, -1), (GRANTED, 7))
@@ -110,7 +114,6 @@ async def test_first_refusal_subscribes_and_retries_at_once_then_waits_for_a_wak
         assert script.subscribed == 0  # the subscription is left once granted
 
 
-@pytest.mark.asyncio
 async def test_waiter_retries_when_the_holder_is_due_to_expire() -> None:
     with anyio.fail_after(5):
         script = Script((WAITING, 100), (WAITING, 100), (GRANTED, 1))
@@ -118,7 +121,6 @@ async def test_waiter_retries_when_the_holder_is_due_to_expire() -> None:
         assert 0.1 <= script.attempts[2] - script.attempts[1] < 0.5
 
 
-@pytest.mark.asyncio
 async def test_recheck_bounds_every_wait() -> None:
     with anyio.fail_after(5):
         script = Script((WAITING, 60_000), (WAITING, -1), (GRANTED, 1))
@@ -126,7 +128,6 @@ async def test_recheck_bounds_every_wait() -> None:
         assert script.attempts[2] - script.attempts[1] < 0.5
 
 
-@pytest.mark.asyncio
 async def test_cancelled_wait_cleans_up_and_leaves_the_subscription() -> None:
     with anyio.fail_after(5):
         script = Script((WAITING, -1), (WAITING, -1), (WAITING, -1))
@@ -140,7 +141,6 @@ async def test_cancelled_wait_cleans_up_and_leaves_the_subscription() -> None:
         assert script.subscribed == 0
 
 
-@pytest.mark.asyncio
 async def test_failed_attempt_cleans_up_and_raises() -> None:
     with anyio.fail_after(5):
         script = Script()  # popping from no replies: IndexError, as any failure
@@ -166,7 +166,6 @@ class Counting:
             raise RedisConnectionError("down")
 
 
-@pytest.mark.asyncio
 async def test_release_is_idempotent_and_concurrent_callers_wait_for_it() -> None:
     with anyio.fail_after(5):
         calls = Counting()
@@ -184,7 +183,6 @@ async def test_release_is_idempotent_and_concurrent_callers_wait_for_it() -> Non
         assert repr(grant) == "<Grant g released>"
 
 
-@pytest.mark.asyncio
 async def test_release_never_raises_and_context_manager_releases() -> None:
     with anyio.fail_after(5):
         calls = Counting(fail=True)
@@ -198,7 +196,6 @@ async def test_release_never_raises_and_context_manager_releases() -> None:
         assert not grant.lost.is_set()
 
 
-@pytest.mark.asyncio
 async def test_already_subscribed_waiter_parks_after_one_refusal_and_learns_its_ticket() -> None:
     with anyio.fail_after(5):
         script = Script((WAITING, -1, 9), (GRANTED, 7, 9))
@@ -214,7 +211,6 @@ async def test_already_subscribed_waiter_parks_after_one_refusal_and_learns_its_
         assert len(script.attempts) == 2
 
 
-@pytest.mark.asyncio
 async def test_a_grant_whose_ttl_ran_out_in_transit_is_given_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -231,7 +227,6 @@ async def test_a_grant_whose_ttl_ran_out_in_transit_is_given_back(
         assert "after its ttl had run out; given back" in caplog.text
 
 
-@pytest.mark.asyncio
 async def test_a_grant_in_time_is_kept_however_slow() -> None:
     with anyio.fail_after(5):
         # Slow, but well within the ttl counted from the send: a valid grant.
@@ -241,7 +236,6 @@ async def test_a_grant_in_time_is_kept_however_slow() -> None:
         assert script.given_back == []
 
 
-@pytest.mark.asyncio
 async def test_a_quiet_period_is_waited_out_without_subscribing() -> None:
     with anyio.fail_after(5):
         script = Script((QUIET, 30, b"run-1"), (GRANTED, 5))
@@ -252,7 +246,6 @@ async def test_a_quiet_period_is_waited_out_without_subscribing() -> None:
         assert script.watch is None  # nobody will publish: no subscription needed
 
 
-@pytest.mark.asyncio
 async def test_a_quiet_period_of_a_boot_declared_fresh_is_retried_at_once() -> None:
     with anyio.fail_after(5):
         script = Script((QUIET, 60_000, "run-1"), (GRANTED, 5))
@@ -261,7 +254,6 @@ async def test_a_quiet_period_of_a_boot_declared_fresh_is_retried_at_once() -> N
         assert len(script.attempts) == 2
 
 
-@pytest.mark.asyncio
 async def test_a_cancellation_swallowed_by_the_client_is_delivered_anyway() -> None:
     # redis-py on Python 3.11 can swallow a native cancellation (asyncio.wait_for): the
     # waiter must not carry on waiting as if nothing happened.

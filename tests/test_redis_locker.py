@@ -30,15 +30,16 @@ from lovely_coordinator.redis import (
 )
 from lovely_coordinator.turns import Job, LeaseLostError, TurnRegistry
 
-from .redis_helpers import RECONNECTING, lock_keys, own_server
+from .redis_helpers import RECONNECTING, anyio_backend, lock_keys, own_server
 
-__all__ = ["own_server"]  # a fixture
+__all__ = ["anyio_backend", "own_server"]  # fixtures
+
+pytestmark = pytest.mark.anyio
 
 REPLICA = str(Path(__file__).with_name("redis_replica.py"))
 KEYS = lock_keys("c")
 
 
-@pytest.mark.asyncio
 async def test_acquire_release_and_context_manager(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client, ttl=5)
@@ -55,7 +56,6 @@ async def test_acquire_release_and_context_manager(redis_client: Any) -> None:
         assert not lease.lost.is_set()
 
 
-@pytest.mark.asyncio
 async def test_fences_strictly_increase_across_grants(redis_client: Any) -> None:
     with anyio.fail_after(10):
         locker = RedisLocker(redis_client, ttl=5)
@@ -66,7 +66,6 @@ async def test_fences_strictly_increase_across_grants(redis_client: Any) -> None
         assert fences == sorted(set(fences))
 
 
-@pytest.mark.asyncio
 async def test_fence_survives_server_restart_without_persistence(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -81,7 +80,6 @@ async def test_fence_survives_server_restart_without_persistence(
             assert after.fence > before.fence
 
 
-@pytest.mark.asyncio
 async def test_waiter_is_woken_by_release_not_by_polling(redis_client: Any) -> None:
     with anyio.fail_after(5):
         # A long ttl: without the release notification the waiter would sleep ~1 s.
@@ -107,7 +105,6 @@ async def test_waiter_is_woken_by_release_not_by_polling(redis_client: Any) -> N
         await granted[0].release()
 
 
-@pytest.mark.asyncio
 async def test_turns_are_exclusive_among_many_waiters(redis_client: Any) -> None:
     with anyio.fail_after(10):
         lockers = [RedisLocker(redis_client, ttl=5) for _ in range(3)]
@@ -132,7 +129,6 @@ async def test_turns_are_exclusive_among_many_waiters(redis_client: Any) -> None
         assert fences == sorted(set(fences))
 
 
-@pytest.mark.asyncio
 async def test_release_deletes_only_its_own_lease(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client, ttl=5)
@@ -146,7 +142,6 @@ async def test_release_deletes_only_its_own_lease(redis_client: Any) -> None:
         assert await redis_client.exists(KEYS["lock"]) == 0
 
 
-@pytest.mark.asyncio
 async def test_release_in_a_cancelled_scope_still_deletes_the_lease(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client, ttl=0.3)
@@ -160,7 +155,6 @@ async def test_release_in_a_cancelled_scope_still_deletes_the_lease(redis_client
         assert not lease.lost.is_set()
 
 
-@pytest.mark.asyncio
 async def test_lapsed_lease_is_lost_at_next_renewal(redis_client: Any) -> None:
     with anyio.fail_after(5):
         lease = await RedisLocker(redis_client, ttl=0.3).acquire("c")
@@ -169,7 +163,6 @@ async def test_lapsed_lease_is_lost_at_next_renewal(redis_client: Any) -> None:
         await lease.release()
 
 
-@pytest.mark.asyncio
 async def test_renewal_keeps_the_lease_past_its_ttl(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client, ttl=0.3)
@@ -180,7 +173,6 @@ async def test_renewal_keeps_the_lease_past_its_ttl(redis_client: Any) -> None:
         await lease.release()
 
 
-@pytest.mark.asyncio
 async def test_client_pause_beyond_deadline_loses_the_lease(redis_client: Any) -> None:
     with anyio.fail_after(10):
         ttl = 1.0
@@ -198,7 +190,6 @@ async def test_client_pause_beyond_deadline_loses_the_lease(redis_client: Any) -
         await lease.release()  # no error once the server answers again
 
 
-@pytest.mark.asyncio
 async def test_works_with_a_decoding_client(
     redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
 ) -> None:
@@ -220,7 +211,6 @@ async def test_works_with_a_decoding_client(
                 await holder.release()
 
 
-@pytest.mark.asyncio
 async def test_different_prefixes_are_independent(redis_client: Any) -> None:
     with anyio.fail_after(5):
         a = await RedisLocker(redis_client, ttl=5, prefix="a:").acquire("c")
@@ -229,7 +219,6 @@ async def test_different_prefixes_are_independent(redis_client: Any) -> None:
         await b.release()
 
 
-@pytest.mark.asyncio
 async def test_cancelled_waiter_leaves_nothing_behind(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client, ttl=5)
@@ -242,7 +231,6 @@ async def test_cancelled_waiter_leaves_nothing_behind(redis_client: Any) -> None
             pass
 
 
-@pytest.mark.asyncio
 async def test_cancelled_acquire_whose_reply_was_lost_cleans_up(
     redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
 ) -> None:
@@ -264,7 +252,6 @@ async def test_cancelled_acquire_whose_reply_was_lost_cleans_up(
             pass  # not stuck behind a 30 s ghost
 
 
-@pytest.mark.asyncio
 async def test_killed_holder_expires_within_ttl_and_next_fence_is_higher(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -307,7 +294,8 @@ def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any, hi
         RedisLocker(client)
 
 
-@pytest.mark.anyio
+# Both backends, overriding the module's asyncio-only fixture: the refusal under trio.
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_under_trio_the_error_says_asyncio_only(anyio_backend: str) -> None:
     client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1")
     if anyio_backend == "asyncio":
@@ -329,7 +317,6 @@ def test_a_locker_made_outside_a_loop_refuses_trio_at_acquire() -> None:
     trio.run(main)
 
 
-@pytest.mark.asyncio
 async def test_a_server_older_than_redis_7_is_refused_at_first_use(
     redis_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -352,7 +339,6 @@ async def test_a_server_older_than_redis_7_is_refused_at_first_use(
             assert await redis_connect(redis_server.url).exists(lock) == 0  # nothing written
 
 
-@pytest.mark.asyncio
 async def test_bad_conversation_id(redis_client: Any) -> None:
     with anyio.fail_after(5):
         locker = RedisLocker(redis_client)
@@ -394,7 +380,6 @@ def assert_completed_turns_never_overlap(
         assert len({fence for _, fence, _ in block}) == 1
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("replicas", [2, 3])
 async def test_replica_processes_never_overlap_turns(
     redis_server: ThrowawayServer, redis_client: Any, replicas: int
@@ -411,7 +396,6 @@ async def test_replica_processes_never_overlap_turns(
         assert_completed_turns_never_overlap(entries, labels)
 
 
-@pytest.mark.asyncio
 async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -436,7 +420,6 @@ async def test_paused_replica_is_fenced_off_and_its_turn_cancelled(
         assert all(fence == lease.fence for fence, _ in after)
 
 
-@pytest.mark.asyncio
 async def test_server_killed_and_restarted_mid_run(
     own_server: ThrowawayServer, redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -469,7 +452,6 @@ async def test_server_killed_and_restarted_mid_run(
         assert_completed_turns_never_overlap(entries, completed)
 
 
-@pytest.mark.asyncio
 async def test_client_pause_cancels_the_running_turn(redis_client: Any) -> None:
     with anyio.fail_after(10):
         started = anyio.Event()
@@ -490,7 +472,6 @@ async def test_client_pause_cancels_the_running_turn(redis_client: Any) -> None:
 # --- issue 12: no stale write, ever ---------------------------------------------------------
 
 
-@pytest.mark.asyncio
 async def test_a_stalled_holders_write_is_refused_once_the_next_holder_has_read(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -518,7 +499,6 @@ async def test_a_stalled_holders_write_is_refused_once_the_next_holder_has_read(
         assert await log.entries() == [(1, "1"), (lease.fence, "2")]  # no update lost
 
 
-@pytest.mark.asyncio
 async def test_a_restart_without_persistence_grants_nothing_while_old_leases_may_run(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -542,7 +522,6 @@ async def test_a_restart_without_persistence_grants_nothing_while_old_leases_may
         await lease.release()
 
 
-@pytest.mark.asyncio
 async def test_a_grant_that_arrives_after_its_ttl_is_never_returned(
     redis_server: ThrowawayServer,
     redis_client: Any,
@@ -583,7 +562,6 @@ async def test_a_grant_that_arrives_after_its_ttl_is_never_returned(
         await lease.release()
 
 
-@pytest.mark.asyncio
 async def test_braces_in_prefixes_and_ids_never_make_two_objects_meet(redis_client: Any) -> None:
     with anyio.fail_after(10):
         # Without escaping, these pairs produced the same keys (or one hash tag for all).

@@ -18,9 +18,11 @@ from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisPermit, RedisPermitPool
 
-from .redis_helpers import RECONNECTING, own_server, pool_key
+from .redis_helpers import RECONNECTING, anyio_backend, own_server, pool_key
 
-__all__ = ["own_server"]  # a fixture
+__all__ = ["anyio_backend", "own_server"]  # fixtures
+
+pytestmark = pytest.mark.anyio
 
 REPLICA = str(Path(__file__).with_name("redis_replica.py"))
 KEYS = pool_key("p", "x").removesuffix(":x")
@@ -36,7 +38,6 @@ async def wait_until_queued(client: Any, count: int) -> None:
         await anyio.sleep(0.005)
 
 
-@pytest.mark.asyncio
 async def test_acquire_release_and_context_manager(redis_client: Any) -> None:
     with anyio.fail_after(5):
         pool = RedisPermitPool(redis_client, name="p", limit=2, ttl=5)
@@ -52,7 +53,6 @@ async def test_acquire_release_and_context_manager(redis_client: Any) -> None:
         assert not first.lost.is_set()
 
 
-@pytest.mark.asyncio
 async def test_cap_holds_across_pool_objects(redis_client: Any) -> None:
     with anyio.fail_after(10):
         pools = [RedisPermitPool(redis_client, name="p", limit=2, ttl=5) for _ in range(3)]
@@ -75,7 +75,6 @@ async def test_cap_holds_across_pool_objects(redis_client: Any) -> None:
         assert await redis_client.zcard(f"{KEYS}:queue") == 0
 
 
-@pytest.mark.asyncio
 async def test_waiters_are_served_in_ticket_order(redis_client: Any) -> None:
     with anyio.fail_after(10):
         pools = [RedisPermitPool(redis_client, name="p", limit=1, ttl=5) for _ in range(3)]
@@ -94,7 +93,6 @@ async def test_waiters_are_served_in_ticket_order(redis_client: Any) -> None:
         assert order == list(range(6))  # limit 1: no tolerance at all
 
 
-@pytest.mark.asyncio
 async def test_cancelled_acquire_leaves_no_place_and_no_permit(redis_client: Any) -> None:
     with anyio.fail_after(5):
         pool = RedisPermitPool(redis_client, name="p", limit=1, ttl=5)
@@ -110,7 +108,6 @@ async def test_cancelled_acquire_leaves_no_place_and_no_permit(redis_client: Any
         assert await redis_client.zcard(f"{KEYS}:holders") == 0
 
 
-@pytest.mark.asyncio
 async def test_permit_is_lost_when_its_entry_is_gone(redis_client: Any) -> None:
     with anyio.fail_after(5):
         permit = await RedisPermitPool(redis_client, name="p", limit=1, ttl=0.3).acquire()
@@ -119,7 +116,6 @@ async def test_permit_is_lost_when_its_entry_is_gone(redis_client: Any) -> None:
         await permit.release()
 
 
-@pytest.mark.asyncio
 async def test_permits_renew_past_their_ttl(redis_client: Any) -> None:
     with anyio.fail_after(5):
         pool = RedisPermitPool(redis_client, name="p", limit=1, ttl=0.3)
@@ -129,7 +125,6 @@ async def test_permits_renew_past_their_ttl(redis_client: Any) -> None:
             assert await redis_client.zcard(f"{KEYS}:holders") == 1
 
 
-@pytest.mark.asyncio
 async def test_killed_process_permits_are_reclaimed_within_ttl(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -148,7 +143,6 @@ async def test_killed_process_permits_are_reclaimed_within_ttl(
             await second.release()
 
 
-@pytest.mark.asyncio
 async def test_dead_waiter_at_the_head_is_skipped(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -166,7 +160,6 @@ async def test_dead_waiter_at_the_head_is_skipped(
                 assert anyio.current_time() - killed_at <= ttl + 1.0
 
 
-@pytest.mark.asyncio
 async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
     redis_server: ThrowawayServer, redis_client: Any
 ) -> None:
@@ -218,7 +211,6 @@ def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any) ->
         RedisPermitPool(client, name="p", limit=1)
 
 
-@pytest.mark.asyncio
 async def test_an_announcement_before_the_ticket_is_known_still_wakes(redis_client: Any) -> None:
     with anyio.fail_after(5):
         pool = RedisPermitPool(redis_client, name="p", limit=1, ttl=5)
@@ -233,7 +225,6 @@ async def test_an_announcement_before_the_ticket_is_known_still_wakes(redis_clie
             assert watch.event.is_set()
 
 
-@pytest.mark.asyncio
 async def test_a_restart_without_persistence_grants_nothing_while_old_permits_may_run(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -257,7 +248,6 @@ async def test_a_restart_without_persistence_grants_nothing_while_old_permits_ma
             await permit.release()
 
 
-@pytest.mark.asyncio
 async def test_a_permit_that_arrives_after_its_ttl_is_never_returned(
     redis_server: ThrowawayServer,
     redis_client: Any,

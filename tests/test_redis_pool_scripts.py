@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 import pytest
-import pytest_asyncio
 import redis
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -27,7 +26,11 @@ from hypothesis.stateful import (
 from lovely_coordinator._redis import pool_scripts, scripts
 from lovely_coordinator._redis.server import ThrowawayServer
 
-from .redis_helpers import pool_key, pool_keys, run_id
+from .redis_helpers import anyio_backend, pool_key, pool_keys, run_id
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
 
 KEYS = pool_keys("p")
 CHANNEL = pool_key("p", "released")
@@ -86,7 +89,7 @@ class Announcements:
             out.append(data)
 
 
-@pytest_asyncio.fixture
+@pytest.fixture
 async def pool_and_channel(redis_client: Any) -> AsyncIterator[tuple[Pool, Announcements]]:
     announcements = Announcements(redis_client)
     await announcements.start()
@@ -94,7 +97,6 @@ async def pool_and_channel(redis_client: Any) -> AsyncIterator[tuple[Pool, Annou
     await announcements.pubsub.aclose()
 
 
-@pytest.mark.asyncio
 async def test_a_full_pool_announces_nothing(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -106,7 +108,6 @@ async def test_a_full_pool_announces_nothing(
         assert await channel.since_last() == []
 
 
-@pytest.mark.asyncio
 async def test_one_freed_permit_announces_the_first_waiter_two_the_second(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -120,7 +121,6 @@ async def test_one_freed_permit_announces_the_first_waiter_two_the_second(
         assert await channel.since_last() == ["4"]  # two: tickets 3 and 4 may come
 
 
-@pytest.mark.asyncio
 async def test_more_free_permits_than_waiters_announce_the_last_waiter(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -135,7 +135,6 @@ async def test_more_free_permits_than_waiters_announce_the_last_waiter(
         assert await channel.since_last() == []
 
 
-@pytest.mark.asyncio
 async def test_a_place_given_up_in_the_free_window_announces_the_one_behind(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -150,7 +149,6 @@ async def test_a_place_given_up_in_the_free_window_announces_the_one_behind(
         assert await channel.since_last() == ["4"]
 
 
-@pytest.mark.asyncio
 async def test_a_leave_that_only_purges_announces(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -164,7 +162,6 @@ async def test_a_leave_that_only_purges_announces(
         assert await channel.since_last() == ["3"]
 
 
-@pytest.mark.asyncio
 async def test_purging_a_dead_waiter_announces_the_one_behind(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -182,7 +179,6 @@ async def test_purging_a_dead_waiter_announces_the_one_behind(
         assert await channel.since_last() == ["4"]
 
 
-@pytest.mark.asyncio
 async def test_purging_dead_holders_announces_even_when_the_caller_is_granted(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -199,7 +195,6 @@ async def test_purging_dead_holders_announces_even_when_the_caller_is_granted(
         assert await channel.since_last() == ["3"]
 
 
-@pytest.mark.asyncio
 async def test_a_retried_grant_that_purged_announces_too(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -214,7 +209,6 @@ async def test_a_retried_grant_that_purged_announces_too(
         assert await channel.since_last() == ["3"]
 
 
-@pytest.mark.asyncio
 async def test_a_waiting_reply_tells_the_remaining_time_until_a_permit_expires(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -227,7 +221,6 @@ async def test_a_waiting_reply_tells_the_remaining_time_until_a_permit_expires(
         assert 4000 < until_free <= 5000  # remaining ms of the first to expire
 
 
-@pytest.mark.asyncio
 async def test_a_waiting_reply_with_no_holder_has_no_expiry(
     pool_and_channel: tuple[Pool, Announcements],
 ) -> None:
@@ -240,7 +233,6 @@ async def test_a_waiting_reply_with_no_holder_has_no_expiry(
         assert await pool.acquire("e") == [scripts.WAITING, -1, 5]
 
 
-@pytest.mark.asyncio
 async def test_retried_pool_acquire_never_returns_an_expired_permit(
     pool_and_channel: tuple[Pool, Announcements], redis_client: Any
 ) -> None:
@@ -260,7 +252,6 @@ async def test_retried_pool_acquire_never_returns_an_expired_permit(
         assert expiry > int(seconds) * 1000
 
 
-@pytest.mark.asyncio
 async def test_a_pool_acquire_overtaken_by_its_own_clean_up_takes_no_place(
     pool_and_channel: tuple[Pool, Announcements], redis_client: Any
 ) -> None:
@@ -273,7 +264,6 @@ async def test_a_pool_acquire_overtaken_by_its_own_clean_up_takes_no_place(
             assert await redis_client.zcard(key) == 0
 
 
-@pytest.mark.asyncio
 async def test_giving_a_late_grant_back_keeps_the_place_in_line(
     pool_and_channel: tuple[Pool, Announcements], redis_client: Any
 ) -> None:
@@ -294,7 +284,6 @@ async def test_giving_a_late_grant_back_keeps_the_place_in_line(
         assert (await pool.acquire("a"))[:3:2] == [scripts.GRANTED, 1]
 
 
-@pytest.mark.asyncio
 async def test_a_pool_without_state_on_a_restarted_server_gives_no_place(
     redis_connect: Any,
 ) -> None:

@@ -16,6 +16,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from lovely_coordinator._redis.renewal import Renewer, best_effort, local_deadline
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 
 def test_local_deadline_comes_before_the_ttl() -> None:
     assert local_deadline(10.0, 30.0) == pytest.approx(10.0 + 30.0 - 0.302)
@@ -33,7 +39,6 @@ async def set_by(event: anyio.Event, when: float) -> bool:
     return event.is_set()
 
 
-@pytest.mark.asyncio
 async def test_renews_every_third_of_the_ttl_and_stays_held() -> None:
     with anyio.fail_after(5):
         calls: list[float] = []
@@ -54,7 +59,6 @@ async def test_renews_every_third_of_the_ttl_and_stays_held() -> None:
         assert all(ttl / 3 - 0.001 <= gap < 2 * ttl / 3 for gap in gaps)
 
 
-@pytest.mark.asyncio
 async def test_refused_renewal_sets_lost_at_once() -> None:
     with anyio.fail_after(5):
         start = anyio.current_time()
@@ -68,7 +72,6 @@ async def test_refused_renewal_sets_lost_at_once() -> None:
         await renewer.stop()
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "error",
     [
@@ -99,7 +102,6 @@ async def test_failing_renewals_are_retried_then_lost_before_the_ttl(
         await renewer.stop()
 
 
-@pytest.mark.asyncio
 async def test_hanging_renewal_is_lost_at_the_deadline() -> None:
     with anyio.fail_after(5):
 
@@ -114,7 +116,6 @@ async def test_hanging_renewal_is_lost_at_the_deadline() -> None:
         await renewer.stop()
 
 
-@pytest.mark.asyncio
 async def test_stop_before_the_first_renewal_never_renews() -> None:
     with anyio.fail_after(5):
         calls = 0
@@ -132,7 +133,6 @@ async def test_stop_before_the_first_renewal_never_renews() -> None:
         assert not renewer.lost.is_set()
 
 
-@pytest.mark.asyncio
 async def test_best_effort_is_shielded_bounded_and_never_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -168,7 +168,6 @@ async def test_best_effort_is_shielded_bounded_and_never_raises(
         assert "misbehaving failed" in caplog.text
 
 
-@pytest.mark.asyncio
 async def test_a_cancellation_swallowed_by_the_client_still_stops_the_watchdog() -> None:
     # What asyncio.run() does at shutdown: cancel the task once. redis-py on Python 3.11
     # may swallow that cancellation (asyncio.wait_for) and return normally; the watchdog

@@ -13,9 +13,19 @@ from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisLocker, RedisPermitPool
 
-from .redis_helpers import lock_keys, own_server, pool_key, run_id, server_time_us, uptime_at_least
+from .redis_helpers import (
+    anyio_backend,
+    lock_keys,
+    own_server,
+    pool_key,
+    run_id,
+    server_time_us,
+    uptime_at_least,
+)
 
-__all__ = ["own_server"]  # a fixture
+__all__ = ["anyio_backend", "own_server"]  # fixtures
+
+pytestmark = pytest.mark.anyio
 
 
 def acquire_keys(conversation: str, owner: str) -> list[str]:
@@ -30,7 +40,6 @@ def acquire_keys(conversation: str, owner: str) -> list[str]:
     ]
 
 
-@pytest.mark.asyncio
 async def test_a_token_is_the_server_time_of_its_grant(redis_client: Any) -> None:
     with anyio.fail_after(5):
         before = await server_time_us(redis_client)
@@ -40,7 +49,6 @@ async def test_a_token_is_the_server_time_of_its_grant(redis_client: Any) -> Non
         await lease.release()
 
 
-@pytest.mark.asyncio
 async def test_counter_ahead_of_the_clock_is_passed_at_once(redis_client: Any) -> None:
     with anyio.fail_after(5):
         # As after a backward step of the server clock by an hour: the last token is in
@@ -54,7 +62,6 @@ async def test_counter_ahead_of_the_clock_is_passed_at_once(redis_client: Any) -
             assert second.fence == ahead + 2
 
 
-@pytest.mark.asyncio
 async def test_grants_within_one_microsecond_still_get_increasing_tokens(
     redis_client: Any,
 ) -> None:
@@ -71,7 +78,6 @@ async def test_grants_within_one_microsecond_still_get_increasing_tokens(
         assert int(await redis_client.get(fence)) == now + 1
 
 
-@pytest.mark.asyncio
 async def test_pool_tokens_follow_the_same_rule(redis_client: Any) -> None:
     with anyio.fail_after(5):
         ahead = await server_time_us(redis_client) + 3_600_000_000
@@ -80,7 +86,6 @@ async def test_pool_tokens_follow_the_same_rule(redis_client: Any) -> None:
             assert permit.fence == ahead + 1
 
 
-@pytest.mark.asyncio
 async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: Any) -> None:
     with anyio.fail_after(5):
         acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
@@ -97,7 +102,6 @@ async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: A
         assert await redis_client.get(lock_keys("c")["lock"]) == f"aa {first[1]}".encode()
 
 
-@pytest.mark.asyncio
 async def test_an_acquire_overtaken_by_its_own_clean_up_grants_nothing(
     redis_client: Any,
 ) -> None:
@@ -125,7 +129,6 @@ async def test_an_acquire_overtaken_by_its_own_clean_up_grants_nothing(
 # --- the quiet period after a restart without persistence ---------------------------------
 
 
-@pytest.mark.asyncio
 async def test_a_restarted_server_grants_nothing_for_a_ttl(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -145,7 +148,6 @@ async def test_a_restarted_server_grants_nothing_for_a_ttl(
         assert (tag, 5000 < after <= longer) == (scripts.QUIET, True)
 
 
-@pytest.mark.asyncio
 async def test_the_quiet_period_counts_from_the_second_the_server_started_in(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -167,7 +169,6 @@ async def test_the_quiet_period_counts_from_the_second_the_server_started_in(
         assert wait >= 3000 - elapsed_ms  # a full ttl after the restart, at least
 
 
-@pytest.mark.asyncio
 async def test_a_boot_declared_fresh_has_no_quiet_period(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -181,7 +182,6 @@ async def test_a_boot_declared_fresh_has_no_quiet_period(
         assert reply[0] == scripts.GRANTED
 
 
-@pytest.mark.asyncio
 async def test_state_that_survived_needs_no_quiet_period(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -195,7 +195,6 @@ async def test_state_that_survived_needs_no_quiet_period(
         assert (await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, ""]))[0] == 1
 
 
-@pytest.mark.asyncio
 async def test_a_server_up_longer_than_the_ttl_grants_new_objects_at_once(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
@@ -215,7 +214,6 @@ async def test_a_server_up_longer_than_the_ttl_grants_new_objects_at_once(
 # --- the fenced log -----------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
 async def test_a_claim_raises_the_mark_or_is_refused_below_it(redis_client: Any) -> None:
     with anyio.fail_after(5):
         claim = redis_client.register_script(scripts.FENCED_CLAIM)

@@ -10,6 +10,12 @@ import pytest
 
 from lovely_coordinator._redis.subscriber import Subscriber, Watch, text
 
+from .redis_helpers import anyio_backend
+
+__all__ = ["anyio_backend"]  # a fixture
+
+pytestmark = pytest.mark.anyio
+
 
 class Recorder:
     def __init__(self) -> None:
@@ -40,7 +46,6 @@ def test_text_decodes_bytes_only() -> None:
     assert text("x") == "x"
 
 
-@pytest.mark.asyncio
 async def test_watch_reset_keeps_a_pending_notification_visible_until_reset() -> None:
     with anyio.fail_after(5):
         watch = Watch(ticket=7)
@@ -51,7 +56,6 @@ async def test_watch_reset_keeps_a_pending_notification_visible_until_reset() ->
         assert watch.ticket == 7
 
 
-@pytest.mark.asyncio
 async def test_delivers_while_active_and_unsubscribes_after(redis_client: Any) -> None:
     with anyio.fail_after(5):
         recorder = Recorder()
@@ -66,7 +70,6 @@ async def test_delivers_while_active_and_unsubscribes_after(redis_client: Any) -
             await anyio.sleep(0.005)
 
 
-@pytest.mark.asyncio
 async def test_killed_connection_is_reported_and_resubscribed(redis_client: Any) -> None:
     with anyio.fail_after(10):
         recorder = Recorder()
@@ -82,7 +85,6 @@ async def test_killed_connection_is_reported_and_resubscribed(redis_client: Any)
                 await recorder.next_change()
 
 
-@pytest.mark.asyncio
 async def test_an_unexpected_error_is_survived_like_a_connection_error(
     redis_client: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
