@@ -1,7 +1,7 @@
 """pydantic-ai runs its agents on asyncio only (it calls ``asyncio.create_task``), so the
-tests of this extension are asyncio-only: marked ``pytest.mark.asyncio`` (pytest-asyncio in
-strict mode), and any anyio-marked test gets the asyncio backend alone. The tests that need
-a provider on the wire share the local fake provider of ``lovely_coordinator_limits.testing``."""
+tests of this extension are asyncio-only: they run under anyio's plugin, like every other
+async test of the project, with the asyncio backend alone. The tests that need a provider
+on the wire share the local fake provider of ``lovely_coordinator_limits.testing``."""
 
 from __future__ import annotations
 

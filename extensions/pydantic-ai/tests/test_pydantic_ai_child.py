@@ -16,6 +16,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from lovely_coordinator import create_agent_coordinator
 
+pytestmark = pytest.mark.anyio  # on asyncio alone: see conftest.py
+
 
 class Hostile(BaseException):
     """Not an Exception, not a cancellation: what hostile user code may raise."""
@@ -33,7 +35,6 @@ def _raising(error: BaseException) -> FunctionModel:
     return FunctionModel(respond, model_name="hostile")
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "error", [Hostile("boo"), asyncio.CancelledError("raised by the user's code")]
 )

@@ -31,6 +31,8 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 
+pytestmark = pytest.mark.anyio  # on asyncio alone: see conftest.py
+
 
 def test_default_tuple_is_system_and_model_name() -> None:
     model = CoordinatedModel(TestModel(), coordinator=create_agent_coordinator(1))
@@ -45,7 +47,6 @@ def test_default_tuple_is_system_and_model_name() -> None:
     assert custom.tuple == ModelTuple("openai", "gpt-4o")
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("under_a_bash_permit", [False, True])
 async def test_each_request_waits_for_a_permit(under_a_bash_permit: bool) -> None:
     """Also when the caller holds a permit of another coordinator (the Bash pool): only a
@@ -73,7 +74,6 @@ async def test_each_request_waits_for_a_permit(under_a_bash_permit: bool) -> Non
         assert bash.active_count == 0
 
 
-@pytest.mark.asyncio
 async def test_a_stream_holds_its_permit_while_the_model_streams() -> None:
     with anyio.fail_after(5):
         coordinator = create_agent_coordinator(2)
@@ -93,7 +93,6 @@ async def test_a_stream_holds_its_permit_while_the_model_streams() -> None:
         assert coordinator.active_count == 0
 
 
-@pytest.mark.asyncio
 async def test_requests_under_a_held_permit_use_it() -> None:
     with anyio.fail_after(5):
         coordinator = create_agent_coordinator(1)
@@ -113,7 +112,6 @@ def _rate_limited(messages: list[ModelMessage], info: AgentInfo) -> ModelRespons
     )
 
 
-@pytest.mark.asyncio
 async def test_a_provider_limit_closes_the_tuple() -> None:
     with anyio.fail_after(5):
         coordinator = create_agent_coordinator(2)
@@ -137,7 +135,6 @@ async def test_a_provider_limit_closes_the_tuple() -> None:
         assert state.failures == 1
 
 
-@pytest.mark.asyncio
 async def test_an_ordinary_failure_keeps_the_tuple_open() -> None:
     def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         raise ModelHTTPError(500, "broken", "internal error")
@@ -153,7 +150,6 @@ async def test_an_ordinary_failure_keeps_the_tuple_open() -> None:
         assert coordinator.active_count == 0
 
 
-@pytest.mark.asyncio
 async def test_a_429_is_retried_by_the_model_keeping_no_slot() -> None:
     with anyio.fail_after(10):
         coordinator = create_agent_coordinator(1)
@@ -174,7 +170,6 @@ async def test_a_429_is_retried_by_the_model_keeping_no_slot() -> None:
         assert (coordinator.active_count, coordinator.queued_count) == (0, 0)
 
 
-@pytest.mark.asyncio
 async def test_ordinary_failures_are_not_retried() -> None:
     with anyio.fail_after(10):
         coordinator = create_agent_coordinator(1)
@@ -227,7 +222,6 @@ async def _openai_model(
         yield CoordinatedModel(chat, coordinator=coordinator), transport
 
 
-@pytest.mark.asyncio
 async def test_stacked_on_the_transport_one_handler_and_the_cap_comes_back(
     fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
@@ -251,7 +245,6 @@ async def test_stacked_on_the_transport_one_handler_and_the_cap_comes_back(
         assert (stats.active, stats.queued) == (0, 0)
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("stream", [False, True])
 async def test_stacked_on_the_transport_one_call_counts_once(
     fake_provider: FakeProvider, fake_provider_url: str, stream: bool

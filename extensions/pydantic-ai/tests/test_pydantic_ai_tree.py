@@ -46,6 +46,8 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 
+pytestmark = pytest.mark.anyio  # on asyncio alone: see conftest.py
+
 
 def _tool_returns(messages: list[ModelMessage]) -> list[str]:
     last = messages[-1]
@@ -97,7 +99,6 @@ def _coordinator(limit: int) -> AgentCoordinator:
     return coordinator
 
 
-@pytest.mark.asyncio
 async def test_a_tree_of_four_parents_and_eight_children_at_capacity_two() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -130,7 +131,6 @@ async def test_a_tree_of_four_parents_and_eight_children_at_capacity_two() -> No
         assert tree.children() == ()
 
 
-@pytest.mark.asyncio
 async def test_depth_limit_holds() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -159,7 +159,6 @@ async def test_depth_limit_holds() -> None:
         assert contexts[0] == SessionContext(0, True)
 
 
-@pytest.mark.asyncio
 async def test_sessions_that_may_not_delegate_are_refused() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -188,7 +187,6 @@ def test_limits_are_validated(kwargs: dict[str, object], message: str) -> None:
         AgentTree(create_agent_coordinator(1), **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.asyncio
 async def test_child_sessions_have_parent_depth_plus_one() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -208,7 +206,6 @@ async def test_child_sessions_have_parent_depth_plus_one() -> None:
         assert coordinator.get_session_context(resident.session_id) is None
 
 
-@pytest.mark.asyncio
 async def test_a_child_hitting_a_limit_closes_its_tuple_while_siblings_continue() -> None:
     def limited(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         raise ModelHTTPError(429, "busy", {"error": "rate limit"}, headers={"retry-after": "60"})
@@ -244,7 +241,6 @@ def _two_tools() -> FunctionModel:
     return FunctionModel(respond, model_name="parent")
 
 
-@pytest.mark.asyncio
 async def test_detached_results_and_follow_ups_arrive_by_notification() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -291,7 +287,6 @@ async def test_detached_results_and_follow_ups_arrive_by_notification() -> None:
         assert coordinator.statistics().active == 0
 
 
-@pytest.mark.asyncio
 async def test_stopping_a_child_fails_its_waiting_parent() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -349,7 +344,6 @@ def _starter(
     return root
 
 
-@pytest.mark.asyncio
 async def test_results_without_a_route_are_kept_and_a_broken_route_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -380,7 +374,6 @@ async def test_results_without_a_route_are_kept_and_a_broken_route_is_logged(
         assert "notification route of broken failed" in caplog.text
 
 
-@pytest.mark.asyncio
 async def test_a_child_disposed_before_it_starts_never_runs() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -416,7 +409,6 @@ async def test_a_child_disposed_before_it_starts_never_runs() -> None:
 # --- the user-found bugs of issue 11 (4): exceptions, misuse, residents, typing -----------
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize("with_a_child", [False, True])
 async def test_the_body_exception_leaves_the_tree_unwrapped(with_a_child: bool) -> None:
     """Regression: the tree's task group wrapped it in an ExceptionGroup."""
@@ -438,7 +430,6 @@ async def test_the_body_exception_leaves_the_tree_unwrapped(with_a_child: bool) 
         assert coordinator.statistics().active == 0
 
 
-@pytest.mark.asyncio
 async def test_run_without_async_with_is_a_usage_error() -> None:
     """Regression: the misuse reached the model as a tool result ("Refused: ...")."""
     with anyio.fail_after(10):
@@ -459,7 +450,6 @@ async def test_run_without_async_with_is_a_usage_error() -> None:
                 await tree.__aenter__()
 
 
-@pytest.mark.asyncio
 async def test_children_that_were_not_kept_go_when_their_parent_run_ends() -> None:
     """Regression: finished sub-agents stayed resident until the tree exited (40 residents
     after 20 runs)."""
@@ -477,7 +467,6 @@ async def test_children_that_were_not_kept_go_when_their_parent_run_ends() -> No
         assert coordinator.statistics().residents == 0
 
 
-@pytest.mark.asyncio
 async def test_grandchildren_go_when_their_parent_turn_ends() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(3)
@@ -494,7 +483,6 @@ async def test_grandchildren_go_when_their_parent_turn_ends() -> None:
             assert coordinator.get_resident("root/1/2") is None
 
 
-@pytest.mark.asyncio
 async def test_kept_children_are_bounded() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(4)
@@ -525,7 +513,6 @@ async def test_kept_children_are_bounded() -> None:
         assert len(started) == 2
 
 
-@pytest.mark.asyncio
 async def test_run_is_typed_and_passes_deps_limits_and_settings() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
@@ -569,7 +556,6 @@ async def test_run_is_typed_and_passes_deps_limits_and_settings() -> None:
                 )
 
 
-@pytest.mark.asyncio
 async def test_delegating_tools_stay_within_the_cap(
     fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
