@@ -25,7 +25,14 @@ def snapshot(scheduler: Scheduler, clock: LoopClock, residents: int) -> Coordina
         requests, tokens = state.request_bucket, state.token_bucket
         if is_open:
             reopens_at = None
-            if not (state.queued or state.active or state.limit is not None or requests or tokens):
+            if not (
+                state.queued
+                or state.active
+                or state.lent
+                or state.limit is not None
+                or requests
+                or tokens
+            ):
                 continue  # idle once its due reopen runs: not listed, as if it had
 
         tuples.append(
@@ -39,6 +46,7 @@ def snapshot(scheduler: Scheduler, clock: LoopClock, residents: int) -> Coordina
                 None if requests is None else requests.available(now),
                 None if tokens is None else tokens.available(now),
                 None if reopens_at is None else reopens_at - now,
+                state.lent,
             )
         )
     tuples.sort(key=_by_tuple)
