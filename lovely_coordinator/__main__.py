@@ -12,6 +12,7 @@ usage: python -m lovely_coordinator COMMAND [ARGS...]
 commands:
   demo     run a short simulated agent fleet (no network) and print what happened
   bench    run the benchmarks (python -m lovely_coordinator bench --help)
+  top      watch a coordinator's serve_statistics() endpoint live (top URL)
 """
 
 
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    modules = {"demo": "._demo", "bench": "._bench"}
+    modules = {"demo": "._demo", "bench": "._bench", "top": "._top"}
     if command in modules:
         entry: Callable[[list[str]], int] = importlib.import_module(
             modules[command], __package__

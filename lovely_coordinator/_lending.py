@@ -113,6 +113,7 @@ class Lending(Settings):
         ticket.bypass = True
         ticket.reject = False  # a reacquire is never failed by a closing gate
         ticket.parker = parker
+        ticket.since = None  # a new wait: stamped below if it really queues
         self.queued += 1
         state.queued += 1
         heapq.heappush(self._bypass, (order, ticket.seq, ticket))
