@@ -475,10 +475,9 @@ def test_only_the_hooks_a_subclass_overrides_are_called() -> None:
 
 def test_the_hot_paths_see_no_observer_without_instruments() -> None:
     coordinator = create_agent_coordinator(1)
-    scheduler = coordinator._scheduler
-    assert scheduler.observer is None
+    assert _observer(coordinator) is None
     remove = coordinator.add_instrument(Recorder())
-    assert isinstance(scheduler.observer, Dispatch)
+    assert isinstance(_observer(coordinator), Dispatch)
     remove()
     assert _observer(coordinator) is None
 
