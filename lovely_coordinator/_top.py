@@ -119,6 +119,10 @@ def render(document: dict[str, Any] | None, url: str, error: str | None = None) 
     ):
         tuples.add_column(column, justify=justify)  # type: ignore[arg-type]
     by_name = {_name(t["tuple"]): t for t in document["tuples"]}
+    names = [*by_name, *(_name(w["tuple"]) for w in document["waiters"])]
+    widest = max(map(len, names), default=5)
+    tuples.columns[0].no_wrap = True  # a narrow terminal wraps the other columns instead
+    tuples.columns[0].min_width = widest
     for name, entry in by_name.items():
         tuples.add_row(
             name,
@@ -132,7 +136,10 @@ def render(document: dict[str, Any] | None, url: str, error: str | None = None) 
     waiting = sorted(document["waiters"], key=lambda w: -w["waited"])[:LONGEST]
     waiters = Table(box=None, header_style="bold", pad_edge=False, expand=False)
     for column in ("how long", "tuple", "order", "kind", "why"):
-        waiters.add_column(column, justify="right" if column == "order" else "left")
+        waiters.add_column(
+            column, justify="right" if column == "order" else "left", no_wrap=column != "why"
+        )
+    waiters.columns[1].min_width = widest
     for waiter in waiting:
         waiters.add_row(
             f"waited {seconds(waiter['waited'])}",
