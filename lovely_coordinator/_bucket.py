@@ -13,7 +13,8 @@ The rules (CONTRACT §5):
   a draw of zero included.
 * A refund never lifts a bucket above its capacity; a charge may take it below zero.
 * Changing the capacity keeps what was already spent: the available amount moves by the
-  change in capacity and never ends above the new capacity.
+  change in capacity and never ends above the new capacity (:meth:`Bucket.resize`). A rate
+  learned from the provider keeps what is available instead (:meth:`Bucket.rerate`).
 
 Why a tolerance: a timer armed for the instant a draw becomes affordable fires at exactly
 that instant, but ``level + rate * (t - stamp)`` evaluated there may come out a few ulps
@@ -102,6 +103,15 @@ class Bucket:
         """A new per-minute amount; what was spent stays spent."""
         self._settle_at(now)
         self.level = min(per_minute, self.level + (per_minute - self.capacity))
+        self.capacity = per_minute
+        self.rate = per_minute / _SECONDS_PER_MINUTE
+
+    def rerate(self, per_minute: float, now: float) -> None:
+        """A new per-minute amount learned from the provider; what is available stays
+        (at most the new capacity): a learned rate moves with every response, and keeping
+        what was spent would turn each cut into a debt."""
+        self._settle_at(now)
+        self.level = min(per_minute, self.level)
         self.capacity = per_minute
         self.rate = per_minute / _SECONDS_PER_MINUTE
 

@@ -184,10 +184,11 @@ class CoordinatorControls(CoordinatorCore):
         """Correct tuple ``t``'s budget from what the provider reports (for extensions).
 
         A per-minute limit sets that dimension's budget unless :meth:`set_budget` set it
-        explicitly (then the explicit one stands); what was spent stays spent. A
-        remaining amount lowers what is available to at most that (it never raises it),
-        in a dimension that has a budget. Processes that share one provider quota
-        converge through this without any shared store.
+        explicitly (then the explicit one stands); a new learned rate keeps what is
+        available (at most the new capacity), so a rate that moves with every response
+        never turns into a debt. A remaining amount lowers what is available to at most
+        that (it never raises it), in a dimension that has a budget. Processes that share
+        one provider quota converge through this without any shared store.
 
         Raises:
             InvalidArgumentError: a bad tuple, a limit that is not a finite number > 0 or

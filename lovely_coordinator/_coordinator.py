@@ -42,7 +42,14 @@ from ._permits import (
 )
 from ._registries import CoordinatorRegistries
 from ._requests import TOKENS_MESSAGE, RequestContext
-from ._types import CoordinatorStatistics, ModelTuple, ModelTupleLike, as_model_tuple
+from ._statistics import tuple_snapshot
+from ._types import (
+    CoordinatorStatistics,
+    ModelTuple,
+    ModelTupleLike,
+    TupleStatistics,
+    as_model_tuple,
+)
 from ._updates import StatisticsCallback
 from ._validate import as_bool, as_callable, as_index
 
@@ -338,6 +345,21 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         A pure read: it changes nothing, and arms or fires no timer.
         """
         return self._statistics()
+
+    def tuple_statistics(self, t: ModelTupleLike) -> TupleStatistics | None:
+        """One tuple's entry of :meth:`statistics` (None where it would not be listed),
+        without building the others: an O(1) pure read, for integrations that look at one
+        tuple's budget or cap on every response.
+
+        Raises:
+            InvalidArgumentError: a bad tuple.
+        """
+        model_tuple = as_model_tuple(t)
+        with self._lock:
+            state = self._scheduler.tuple_state(model_tuple)
+            if state is None:
+                return None
+            return tuple_snapshot(state, self._clock.now(), self._clock.here_minus_home())
 
     def subscribe(self, callback: StatisticsCallback) -> Callable[[], None]:
         """Call ``callback(statistics)`` after scheduling changes: asynchronously (never

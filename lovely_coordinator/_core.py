@@ -10,7 +10,8 @@ The public methods live on ``AgentCoordinator``, which derives from it.
 from __future__ import annotations
 
 import threading
-from typing import Final
+from collections.abc import Coroutine
+from typing import Any, Final
 
 import anyio.lowlevel
 
@@ -91,22 +92,29 @@ class CoordinatorCore:
 
     # -- taking a slot --------------------------------------------------------------------------
 
-    async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
-        """Wait for a permit's slot (the permit() context manager inlines this)."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
+    def _enqueue_permit(
+        self, t: ModelTuple, order: int | None, reject: bool
+    ) -> tuple[PermitTicket, Coroutine[Any, Any, object]]:
+        """A permit's place in line, and the wait to await for its slot.
+
+        The wait is returned rather than awaited here, so a parked waiter costs no frame
+        of this method; granted at once, it parks nothing (``checkpoint_or_undo``).
+        """
         with self._lock:
             if self._scheduler._wakeups:
                 self._follow()
             ticket = self._scheduler.enqueue(t, order, True, reject)
-            if ticket.state != GRANTED:
-                parker: Parker[bool] | None = Parker()
-                ticket.parker = parker
-            else:
-                parker = None
-        if parker is None:
-            await checkpoint_or_undo(self, ticket)
-        else:
-            await parker.wait(self, ticket, self._lock)
+            if ticket.state == GRANTED:
+                return ticket, checkpoint_or_undo(self, ticket)
+            parker: Parker[bool] = Parker()
+            ticket.parker = parker
+        return ticket, parker.wait(self, ticket, self._lock)
+
+    async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
+        """Wait for a permit's slot (``permit()`` does the same without this frame)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        ticket, admitted = self._enqueue_permit(t, order, reject)
+        await admitted
         return ticket
 
     # -- what permits, reservations and requests call (each under the lock) ------------------
@@ -121,17 +129,15 @@ class CoordinatorCore:
         if ticket.state == GRANTED:
             self._release(ticket)
 
-    def _attach_locked(self, ticket: Ticket, parker: Parker[bool]) -> None:
-        if ticket.state == GRANTED:
-            parker.grant(True)
-        else:
-            ticket.parker = parker
-
-    def _attach(self, ticket: Ticket, parker: Parker[bool], *, activate: bool) -> None:
+    def _activate_and_wait(self, ticket: PermitTicket) -> Coroutine[Any, Any, object]:
+        """A reservation's run: activate its ticket and return the wait for its slot."""
         with self._lock:
-            if activate:
-                self._scheduler.activate(ticket)
-            self._attach_locked(ticket, parker)
+            self._scheduler.activate(ticket)
+            if ticket.state == GRANTED:
+                return checkpoint_or_undo(self, ticket)
+            parker: Parker[bool] = Parker()
+            ticket.parker = parker
+        return parker.wait(self, ticket, self._lock)
 
     def _activate(self, ticket: Ticket) -> None:
         with self._lock:
@@ -144,13 +150,22 @@ class CoordinatorCore:
         reject: bool,
         tokens: int,
         cover: PermitTicket | None,
-        parker: Parker[bool],
-    ) -> RequestTicket:
+    ) -> tuple[RequestTicket, Coroutine[Any, Any, object]]:
+        """A request's place in line, and the wait to await (see :meth:`_enqueue_permit`)."""
         with self._lock:
-            self._follow()
-            ticket = self._scheduler.enqueue_request(t, order, reject, tokens, cover)
-            self._attach_locked(ticket, parker)
-            return ticket
+            scheduler = self._scheduler
+            if scheduler._wakeups:
+                self._follow()
+            else:
+                state = scheduler._tuples.get(t)
+                if state is not None and state.budgeted:
+                    self._follow()  # budgets read the clock: it must be this loop's
+            ticket = scheduler.enqueue_request(t, order, reject, tokens, cover)
+            if ticket.state == GRANTED:
+                return ticket, checkpoint_or_undo(self, ticket)
+            parker: Parker[bool] = Parker()
+            ticket.parker = parker
+        return ticket, parker.wait(self, ticket, self._lock)
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:

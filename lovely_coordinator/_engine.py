@@ -319,28 +319,18 @@ class Engine:
                 return
 
     def _grant_from(self, line: Line) -> None:
-        """Grant ``line``'s head (just checked live) and re-key the line in ``_ready``."""
-        self._grant(line.pop())
-        state = line.state
-        head = line.head() if state.admits else None
-        entry = line.entry
+        """Grant the head of ``line``, whose entry the drain just settled on top of
+        ``_ready``, and re-key the line there (the only caller is :meth:`_drain`)."""
+        self._grant(line.pop())  # never touches _ready: a granted head covers nothing yet
+        head = line.head() if line.state.admits else None
         ready = self._ready
+        assert ready[0] is line.entry
         if head is None:
-            if entry is not None and ready and ready[0] is entry:
-                heapq.heappop(ready)
-                line.entry = None
-            return
-        new = (head.order, head.seq, line)
-        if entry is not None and ready and ready[0] is entry:
-            line.entry = new
-            heapq.heapreplace(ready, new)
-        elif (
-            entry is None
-            or head.order < entry[0]
-            or (head.order == entry[0] and head.seq < entry[1])
-        ):
-            line.entry = new
-            heapq.heappush(ready, new)
+            heapq.heappop(ready)
+            line.entry = None
+        else:
+            line.entry = (head.order, head.seq, line)
+            heapq.heapreplace(ready, line.entry)
 
     def _grant(self, ticket: Ticket) -> None:
         """Give ``ticket`` a slot of its own (it left its line or the bypass heap)."""

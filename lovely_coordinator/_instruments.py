@@ -48,14 +48,30 @@ REJECTED: Final = "rejected"
 
 
 class Instrument:
-    """The base class of a coordinator instrument: override the hooks you need.
+    """The base class of a coordinator instrument: override the hooks you need, and
+    register it with ``AgentCoordinator.add_instrument``.
+
+    It is told the *permit lifecycle*: a caller starts to wait (an acquire, model request,
+    reservation or reacquire that could not be granted at once queued), and its wait ends
+    ``granted``, ``cancelled`` (the caller gave up: a cancel scope,
+    ``reservation.cancel()``, a permit released while waiting to reacquire) or
+    ``rejected`` (refused: a closed gate with ``reject_on_closed_tuple``,
+    ``max_queued``). Every wait ends exactly once; a call granted or refused at once has
+    an end (after 0.0 s) without a start. Wait times are ``time.monotonic()`` seconds
+    from the moment it queued. Counts, gates and budgets are pure reads of
+    ``statistics()``, to take whenever the instrument likes.
 
     ``wait`` identifies one wait: the same object is passed to :meth:`wait_started` and
     :meth:`wait_ended`, so it can key a dict (hashable, compared by identity). It is
     opaque: do not inspect it or keep it after :meth:`wait_ended`. It is ``None`` for a
     call refused before it took a place.
 
-    See the module docstring of ``lovely_coordinator._instruments`` for when hooks run.
+    Hooks run synchronously, under the coordinator's lock, inside the scheduling call
+    that caused them and often in another task than the waiter (a grant happens in the
+    task that freed the slot); :meth:`wait_started` always runs in the waiting caller's
+    own context. They must be quick and must not call the coordinator's scheduling
+    methods (reading ``statistics()`` is fine). Whatever a hook raises is logged and
+    swallowed. Only the hooks a subclass overrides are called.
     """
 
     def wait_started(self, wait: object, model_tuple: ModelTuple) -> None:

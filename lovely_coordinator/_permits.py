@@ -39,7 +39,7 @@ from ._lines import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, PermitTicket
 from ._shared import process_wide
 from ._types import ModelTuple
 from ._validate import as_callable
-from ._waiter import Parker, checkpoint_or_undo
+from ._waiter import Parker
 
 if TYPE_CHECKING:
     from ._core import CoordinatorCore
@@ -135,23 +135,11 @@ class PermitContext:
     async def __aenter__(self) -> AgentPermit:
         if self._permit is not None:
             raise UsageError("a permit() context manager can be entered only once")
-        # The coordinator's _acquire, inlined: one coroutine frame less per parked waiter,
-        # and the uncontended path parks nothing at all.
+        # The coordinator's _acquire, inlined: one coroutine frame less per parked waiter.
         coordinator = self._coordinator
         await anyio.lowlevel.checkpoint_if_cancelled()
-        with coordinator._lock:
-            if coordinator._scheduler._wakeups:
-                coordinator._follow()
-            ticket = coordinator._scheduler.enqueue(self._t, self._order, True, self._reject)
-            if ticket.state != GRANTED:
-                parker: Parker[bool] | None = Parker()
-                ticket.parker = parker
-            else:
-                parker = None
-        if parker is None:
-            await checkpoint_or_undo(coordinator, ticket)
-        else:
-            await parker.wait(coordinator, ticket, coordinator._lock)
+        ticket, admitted = coordinator._enqueue_permit(self._t, self._order, self._reject)
+        await admitted
         permit = self._permit = AgentPermit(coordinator, ticket)
         self._token = _enter(permit)
         return permit
@@ -363,9 +351,7 @@ class AgentReservation:
             await anyio.lowlevel.checkpoint()
             error, ticket.error = ticket.error, None
             raise error if error is not None else ReservationCancelledError(CANCELLED_MESSAGE)
-        parker: Parker[bool] = Parker()
-        coordinator._attach(ticket, parker, activate=True)
-        await parker.wait(coordinator, ticket, coordinator._lock)
+        await coordinator._activate_and_wait(ticket)
         if self._phase == "cancelled":
             self._phase = "done"
             raise ReservationCancelledError(CANCELLED_MESSAGE)

@@ -23,7 +23,6 @@ from ._permits import CONTEXT_VERSION, find_permit, restore
 from ._shared import process_wide
 from ._types import ModelTuple
 from ._validate import as_index
-from ._waiter import Parker
 
 if TYPE_CHECKING:
     from ._core import CoordinatorCore
@@ -149,11 +148,10 @@ class RequestContext:
             frame = frame[3]
         permit = find_permit(coordinator)
         cover = None if permit is None else permit._ticket
-        parker: Parker[bool] = Parker()
-        ticket = coordinator._enqueue_request(
-            self._t, self._order, self._reject, self._tokens, cover, parker
+        ticket, admitted = coordinator._enqueue_request(
+            self._t, self._order, self._reject, self._tokens, cover
         )
-        await parker.wait(coordinator, ticket, coordinator._lock)
+        await admitted
         request = self._request = ModelRequest(coordinator, ticket)
         self._token = current_request_var.set(
             (request, coordinator, task, current_request_var.get())

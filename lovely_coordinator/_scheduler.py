@@ -155,27 +155,6 @@ class Scheduler(Lending):
                 state.foreground = {}
             state.foreground[ticket] = None
 
-    def _new_permit(self, state: TupleState, order: int | None, reject: bool) -> PermitTicket:
-        if order is None:
-            self._counter += 1
-            order = self._counter
-        elif order > self._counter:
-            self._counter = order
-        self._seq += 1
-        ticket = PermitTicket(order, self._seq, state, reject)
-        self.queued += 1
-        state.queued += 1
-        if reject:
-            if state.foreground is None:
-                state.foreground = {}
-            state.foreground[ticket] = None
-        return ticket
-
-    def _idle_capacity(self, state: TupleState) -> bool:
-        # With both heaps empty nobody else may run (work conservation), so a newcomer
-        # that may run is the best waiter there is.
-        return self.active < self.limit and not self._ready and not self._bypass and state.admits
-
     def enqueue(
         self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
     ) -> PermitTicket:
@@ -223,7 +202,8 @@ class Scheduler(Lending):
         else:
             if self.max_queued is not None:
                 self._busy(state, active and self.active < self.limit and state.admits)
-            ticket = self._new_permit(state, order, reject)
+            ticket = PermitTicket(*self._order(order), state, reject)
+            self._queue(state, ticket)
             if active:
                 line = state.permits
                 if self.active >= self.limit:
@@ -267,6 +247,25 @@ class Scheduler(Lending):
         state = self._admit(model_tuple, reject)
         if cover is not None and cover.state == DONE:
             cover = None  # a released permit covers nothing
+        if (
+            cover is None
+            and self.active < self.limit
+            and not self._ready
+            and not self._bypass
+            and state.admits
+            and (not state.budgeted or self._would_run(state, order, tokens, None))
+        ):
+            # The uncontended path: with both heaps empty nobody else may run, so it is
+            # the best waiter there is; granted at once, it never queues.
+            ticket = RequestTicket(*self._order(order), state, reject, tokens)
+            ticket.state = GRANTED
+            self.active += 1
+            state.active += 1
+            self._draw(state, ticket)
+            if self.observer is not None:
+                self.observer.ended(ticket, "granted")
+            self._changed()
+            return ticket
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
         if self.max_queued is not None:
             self._busy(state, self._would_run(state, order, tokens, cover if covered else None))

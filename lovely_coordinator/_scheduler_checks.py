@@ -15,19 +15,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._engine import BUDGET, GATE, IDLE_KEPT
+from ._engine import BUDGET, GATE, IDLE_KEPT, wakeup_live
 from ._lines import DONE, GRANTED, INACTIVE, QUEUED, REQUESTS, Line, Ticket, TupleState
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["check_invariants", "peek"]
+__all__ = ["check_invariants", "peek", "peek_wakeup"]
 
 
 def peek(line: Line) -> Ticket | None:
     """The best live ticket of ``line``, without touching it."""
     live = [e for e in line.items if line.live(e)]
     return min(live, key=lambda e: (e[0], e[1]))[2] if live else None
+
+
+def peek_wakeup(engine: Engine) -> float | None:
+    """The earliest live wake-up, without dropping the dead ones (``next_wakeup`` does)."""
+    return min((w[0] for w in engine._wakeups if wakeup_live(w)), default=None)
 
 
 def _held_back(state: TupleState, ticket: Ticket) -> bool:

@@ -194,14 +194,15 @@ class Settings(Engine):
         requests_remaining: float | None,
         tokens_remaining: float | None,
     ) -> None:
-        """What a provider reported: per-minute limits where none was set explicitly, and
-        what remains (which only ever lowers what is available)."""
+        """What a provider reported: per-minute limits where none was set explicitly (a
+        new rate keeps what is available, at most its capacity), and what remains (which
+        only ever lowers what is available)."""
         state = self._state(model_tuple)
         now = self._clock()
         if requests is not None and not state.explicit & EXPLICIT_REQUESTS:
-            state.request_bucket = _resized(state.request_bucket, requests, now)
+            state.request_bucket = _rerated(state.request_bucket, requests, now)
         if tokens is not None and not state.explicit & EXPLICIT_TOKENS:
-            state.token_bucket = _resized(state.token_bucket, tokens, now)
+            state.token_bucket = _rerated(state.token_bucket, tokens, now)
         if requests_remaining is not None and state.request_bucket is not None:
             state.request_bucket.lower_to(requests_remaining, now)
         if tokens_remaining is not None and state.token_bucket is not None:
@@ -292,6 +293,13 @@ def _resized(bucket: Bucket | None, per_minute: float | None, now: float) -> Buc
     if bucket is None:
         return Bucket(per_minute, now)
     bucket.resize(per_minute, now)
+    return bucket
+
+
+def _rerated(bucket: Bucket | None, per_minute: float, now: float) -> Bucket:
+    if bucket is None:
+        return Bucket(per_minute, now)
+    bucket.rerate(per_minute, now)
     return bucket
 
 

@@ -7,11 +7,42 @@ closure whose instant has passed reads as open even if its wake-up has not run y
 
 from __future__ import annotations
 
+from ._lines import TupleState
 from ._scheduler import Scheduler
 from ._timers import LoopClock
 from ._types import CoordinatorStatistics, ModelTuple, TupleStatistics
 
-__all__ = ["snapshot"]
+__all__ = ["snapshot", "tuple_snapshot"]
+
+
+def tuple_snapshot(state: TupleState, now: float, shift: float) -> TupleStatistics | None:
+    """One tuple's statistics at ``now`` (home clock), or None when it is idle by then."""
+    reopens_at = state.reopens_at
+    is_open = state.open or (reopens_at is not None and reopens_at <= now)
+    requests, tokens = state.request_bucket, state.token_bucket
+    if is_open:
+        reopens_at = None
+        if not (
+            state.queued
+            or state.active
+            or state.lent
+            or state.limit is not None
+            or requests
+            or tokens
+        ):
+            return None  # idle once its due reopen runs: not listed, as if it had
+    return TupleStatistics(
+        state.tuple,
+        state.active,
+        state.queued,
+        state.limit,
+        is_open,
+        None if reopens_at is None else reopens_at + shift,
+        None if requests is None else requests.available(now),
+        None if tokens is None else tokens.available(now),
+        None if reopens_at is None else reopens_at - now,
+        state.lent,
+    )
 
 
 def snapshot(scheduler: Scheduler, clock: LoopClock, residents: int) -> CoordinatorStatistics:
@@ -20,35 +51,9 @@ def snapshot(scheduler: Scheduler, clock: LoopClock, residents: int) -> Coordina
     shift = clock.here_minus_home()
     tuples = []
     for state in scheduler.tuple_states():
-        reopens_at = state.reopens_at
-        is_open = state.open or (reopens_at is not None and reopens_at <= now)
-        requests, tokens = state.request_bucket, state.token_bucket
-        if is_open:
-            reopens_at = None
-            if not (
-                state.queued
-                or state.active
-                or state.lent
-                or state.limit is not None
-                or requests
-                or tokens
-            ):
-                continue  # idle once its due reopen runs: not listed, as if it had
-
-        tuples.append(
-            TupleStatistics(
-                state.tuple,
-                state.active,
-                state.queued,
-                state.limit,
-                is_open,
-                None if reopens_at is None else reopens_at + shift,
-                None if requests is None else requests.available(now),
-                None if tokens is None else tokens.available(now),
-                None if reopens_at is None else reopens_at - now,
-                state.lent,
-            )
-        )
+        entry = tuple_snapshot(state, now, shift)
+        if entry is not None:
+            tuples.append(entry)
     tuples.sort(key=_by_tuple)
     return CoordinatorStatistics(
         max_concurrency=scheduler.limit,

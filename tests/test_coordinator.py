@@ -1508,6 +1508,23 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
                         await checkpoints()
 
                 await coord.run(t, work, reject_on_closed_tuple=reject)
+            elif kind == 4:
+                async with coord.request(
+                    t, tokens=rng.randint(0, 50), reject_on_closed_tuple=reject
+                ) as call:
+                    await checkpoints()
+                    call.settle(rng.randint(0, 50))
+            elif kind == 5:  # an agent fanning out model calls, lending while it waits
+                async with coord.permit(t, reject_on_closed_tuple=reject):
+
+                    async def fanned(u: ModelTuple) -> None:
+                        async with coord.request(u, tokens=rng.randint(0, 20)):
+                            await checkpoints()
+
+                    async with anyio.create_task_group() as calls:
+                        for _ in range(rng.randint(1, 4)):
+                            calls.start_soon(fanned, rng.choice(tuples))
+                        await coord.with_lent_permit(checkpoints)
             else:
                 reservation = coord.reserve(t, reject_on_closed_tuple=reject)
                 try:
@@ -1519,7 +1536,7 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
                     reservation.cancel()
 
         async def agent() -> None:
-            t, kind, reject = rng.choice(tuples), rng.randrange(4), rng.random() < 0.3
+            t, kind, reject = rng.choice(tuples), rng.randrange(6), rng.random() < 0.3
             steps = rng.randint(0, 12)
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as inner:
@@ -1537,8 +1554,18 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
             for _ in range(60):
                 await _checkpoints(rng.randint(1, 4))
                 t = rng.choice(tuples)
-                action = rng.randrange(4)
-                if action == 0:
+                action = rng.randrange(6)
+                if action == 4:
+                    coord.set_budget(
+                        t,
+                        requests_per_minute=rng.choice([None, 60.0, 6000.0]),
+                        tokens_per_minute=rng.choice([None, 600.0, 60000.0]),
+                    )
+                elif action == 5:
+                    coord.learn_budget(
+                        t, tokens_per_minute=6000.0, tokens_remaining=rng.randint(0, 40)
+                    )
+                elif action == 0:
                     coord.close_tuple(t)
                 elif action == 1:
                     coord.open_tuple(t)
@@ -1556,6 +1583,7 @@ async def test_random_fleet_with_cancellations_and_knob_churn(seed: int) -> None
             for t in tuples:  # let every parked agent finish
                 coord.open_tuple(t)
                 coord.set_tuple_limit(t, None)
+                coord.set_budget(t)
         coord._scheduler.check_invariants()
         assert_idle(coord)
 
@@ -1842,3 +1870,16 @@ async def test_a_timed_reopen_armed_from_another_thread_runs_on_the_home_loop() 
         async with coord.permit(T):  # waits for the reopen, timed on this loop
             assert coord.is_tuple_open(T)
         assert_idle(coord)
+
+
+def test_tuple_statistics_is_one_entry_of_statistics() -> None:
+    coord = create_agent_coordinator(2)
+    assert coord.tuple_statistics(T) is None
+    coord.set_tuple_limit(T, 1)
+    coord.set_budget(U, tokens_per_minute=100)
+    for t in (T, U):
+        entry = coord.tuple_statistics(t)
+        assert entry is not None
+        assert entry == next(e for e in coord.statistics().tuples if e.tuple == t)
+    with pytest.raises(InvalidArgumentError):
+        coord.tuple_statistics(("", "x"))

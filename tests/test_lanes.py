@@ -1341,6 +1341,7 @@ async def test_random_operations_keep_every_invariant_timed(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.slow
 async def test_random_operations_keep_every_invariant(seed: int) -> None:
     with anyio.fail_after(10):
         await run_fuzz(seed, timed=False, steps=100)

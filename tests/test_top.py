@@ -10,18 +10,23 @@ tests skip, except under ``CI=true``, where they fail (CI installs tmux).
 from __future__ import annotations
 
 import os
+import pty
 import shutil
 import sys
+import termios
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
 from rich.console import Console
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
-from lovely_coordinator._top import render, seconds
+from lovely_coordinator._top import demo_top, main, render, seconds, watch
 
 A = ModelTuple("openai", "gpt-4o")
 B = ModelTuple("anthropic", "claude-sonnet-4")
@@ -144,6 +149,7 @@ async def fleet() -> AsyncIterator[tuple[AgentCoordinator, str]]:
     reservation.cancel()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_top_once_prints_one_snapshot() -> None:
     with anyio.fail_after(30):
@@ -158,6 +164,7 @@ async def test_top_once_prints_one_snapshot() -> None:
         assert "all 1 slots taken" in out
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_top_arguments_are_checked() -> None:
     with anyio.fail_after(30):
@@ -237,6 +244,7 @@ def command(*args: str) -> str:
     return " ".join(["env -u COLUMNS -u LINES", sys.executable, "-m", "lovely_coordinator", *args])
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("leave", ["q", "C-c"])
 async def test_top_live_in_a_terminal(leave: str) -> None:
@@ -264,6 +272,7 @@ async def test_top_live_in_a_terminal(leave: str) -> None:
             assert "longest waiters" not in screen  # the alternate screen is gone
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_top_shows_an_unreachable_endpoint_and_keeps_trying() -> None:
     with anyio.fail_after(60):
@@ -275,6 +284,7 @@ async def test_top_shows_an_unreachable_endpoint_and_keeps_trying() -> None:
             assert "EXIT=0" in await term.wait_for(lambda s: "EXIT=" in s)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_demo_top_shows_the_fleet_and_exits_0() -> None:
     with anyio.fail_after(120):
@@ -288,3 +298,67 @@ async def test_demo_top_shows_the_fleet_and_exits_0() -> None:
             screen = await term.wait_for(lambda s: "EXIT=" in s, seconds=90)
             assert "EXIT=0" in screen
             assert "finished in" in screen  # the demo's report, after the live view
+
+
+# -- the same code paths in this process (so coverage sees them) --------------------------
+
+
+@pytest.mark.anyio
+async def test_watch_refreshes_until_done() -> None:
+    with anyio.fail_after(30):
+        async with fleet() as (_coordinator, url):
+            calls = 0
+
+            def done() -> bool:
+                nonlocal calls
+                calls += 1
+                return calls > 5
+
+            assert await anyio.to_thread.run_sync(partial(watch, url, 0.02, done=done)) == 0
+            assert calls == 6  # (not a terminal here: rich draws no live screen to read)
+
+
+@pytest.mark.anyio
+async def test_watch_leaves_on_q_typed_in_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    with anyio.fail_after(30):
+        async with fleet() as (_coordinator, url):
+            master, replica = pty.openpty()
+            with os.fdopen(replica, "r") as terminal:
+                monkeypatch.setattr(sys, "stdin", terminal)
+                before = termios.tcgetattr(replica)
+                typed = anyio.Event()
+
+                def done() -> bool:  # type q once the view is up
+                    if not typed.is_set():
+                        os.write(master, b"xq")
+                        anyio.from_thread.run_sync(typed.set)
+                    return False
+
+                assert await anyio.to_thread.run_sync(partial(watch, url, 0.05, done=done)) == 0
+                assert termios.tcgetattr(replica) == before  # the terminal is restored
+            os.close(master)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_main_and_demo_top_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with anyio.fail_after(60):
+        async with fleet() as (_coordinator, url):
+            assert await anyio.to_thread.run_sync(main, ["--once", url]) == 0
+        assert "all 1 slots taken" in capsys.readouterr().out
+        assert main(["--once", "http://127.0.0.1:9"]) == 1
+        assert "cannot reach" in capsys.readouterr().out
+        for bad in (["127.0.0.1:9"], ["http://x", "--interval", "0"]):
+            with pytest.raises(SystemExit) as exit_:
+                main(bad)
+            assert exit_.value.code == 2
+        assert await anyio.to_thread.run_sync(demo_top, 0.05, "asyncio") == 0
+        out = capsys.readouterr().out
+        assert "finished in" in out
+
+
+def test_without_rich(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if not installed
+    assert main(["--once", "http://127.0.0.1:9"]) == 2
+    assert demo_top(1.0, "asyncio") == 2
+    assert "pip install 'lovely-coordinator[top]'" in capsys.readouterr().err

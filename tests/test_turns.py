@@ -1841,6 +1841,7 @@ class LeanLease:
         await anyio.lowlevel.checkpoint()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("locked", "count"), [(False, 10_000), (True, 2_000)], ids=["unlocked", "locked"]
 )

@@ -163,3 +163,25 @@ def test_nobody_waits() -> None:
     s.close(B, None)
     s.set_tuple_limit(C, 1)
     assert snapshot(s, Clock()) == []
+
+
+def test_budget_reasons_without_a_block_and_on_a_cover() -> None:
+    clock = Clock()
+    s = Scheduler(1, clock=clock)
+    s.set_budget(A, None, 100)
+    first = s.enqueue_request(A, None, False, 100, None)  # takes the slot and every token
+    assert first.state == GRANTED
+    # It waits for the slot, so the budget never blocked it; yet it could not draw now.
+    short = s.enqueue_request(A, None, False, 50, None)
+    assert s._tuples[A].block is None
+    assert reasons(snapshot(s, clock)) == [(A, 2, "budget", "request")]
+    s.discard(short)
+    s.set_budget(B, 1, None)
+    s.release(first)
+    cover = s.enqueue(B, None, True, False)
+    drawn = s.enqueue_request(B, None, False, 0, cover)  # on its permit: the one request
+    assert drawn.state == GRANTED
+    s.release(drawn)
+    covered = s.enqueue_request(B, None, False, 0, cover)
+    assert covered.covered
+    assert reasons(snapshot(s, clock)) == [(B, covered.order, "budget", "request")]

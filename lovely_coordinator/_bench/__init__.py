@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SECTIONS", "Figure", "main"]
 
-SECTIONS = ("core", "lanes", "turns", "redis", "observe")
+SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider", "observe")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
-"""An httpx transport that runs model requests under lovely-coordinator permits.
+"""An httpx transport that sends each model request through ``coordinator.request()``.
 
-:class:`CoordinatedTransport` maps each request to its ``(provider, model)`` tuple, holds a
-permit for it until the response body is closed (streams included), and reports provider
-limits to a :class:`~lovely_coordinator_limits.ProviderLimitHandler`, which closes the
-tuple's gate until the provider's requested wait has passed.
+:class:`CoordinatedTransport` maps each request to its ``(provider, model)`` tuple and its
+token estimate, holds one model request of the coordinator for it until the response body
+is closed (streams included), settles it from the usage the body reports, learns the
+tuple's budget from the rate-limit headers, and retries 429s after the tuple's gate (closed
+by the shared :class:`~lovely_coordinator_limits.ProviderLimitHandler`) reopens.
 
 It is built on ``httpx2``, the HTTP client of current openai and anthropic SDKs; the same
 transport for clients of the older ``httpx`` is in :mod:`lovely_coordinator_httpx.legacy`.

@@ -3,37 +3,56 @@
 ``httpx2`` (what current openai / anthropic SDKs ship with) and the older ``httpx`` have
 the same request and response shapes but separate classes. Everything that decides
 something lives here, written against those shapes; the transports in ``_transport`` and
-``legacy`` only adapt their library's classes.
+``legacy`` only adapt their library's classes (how to wrap a response body).
+
+One request, from the top:
+
+1. Its tuple (``tuple_for``) and token estimate (``estimate_tokens`` of its JSON body).
+2. ``coordinator.request(t, tokens=estimate)``: admitted in acceptance order once the
+   gate is open, the budget holds it and a slot covers it.
+3. Sent. The response's rate-limit headers teach the handler the tuple's budget.
+4. A 429: the gate closes (the handler), the call is given back (``settle(0)``; the slot
+   goes back as the request context exits), and the request is admitted again with its
+   first acceptance order, so it waits for the reopen at the head of the line, holding no
+   slot, and is sent again; after ``max_attempts`` the 429 goes to the caller. No other
+   status is ever retried. A request whose ``request()`` joined an enclosing one of the
+   same task (a ``CoordinatedModel`` above it) leaves the retry to that layer.
+5. Otherwise the response goes to the caller with its body wrapped: the usage it reports
+   (``UsageMeter``, fed as the caller reads) settles the charge, and the request context
+   exits when the body is closed, whichever task closes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
 from lovely_coordinator_limits import (
+    Draw,
     ModelTupleLike,
     ProviderLimitHandler,
+    Tokenizer,
+    UsageMeter,
     as_model_tuple,
+    estimate_tokens,
     is_limit_status,
     retry_delay,
 )
 
-from lovely_coordinator import (
-    AgentCoordinator,
-    AgentPermit,
-    ModelTuple,
-    get_agent_coordinator,
-)
+from lovely_coordinator import AgentCoordinator, InvalidArgumentError, get_agent_coordinator
 
 from ._tuples import RequestLike, tuple_for_request
 
-__all__ = ["Gate", "GatedTransport", "ResponseLike", "close_then_release"]
+__all__ = ["Call", "Chunks", "Gate", "GatedTransport", "ResponseLike"]
+
+_log = logging.getLogger("lovely_coordinator.httpx")
 
 # Error statuses whose body is read to tell a billing or quota refusal from other client
 # errors. Server errors (5xx) are never limits, so their bodies are left to the caller.
 _CLIENT_ERRORS = range(400, 500)
+_ATTEMPTS_MESSAGE = "max_attempts must be a positive integer"
 
 
 class ResponseLike(Protocol):
@@ -46,6 +65,9 @@ class ResponseLike(Protocol):
     def text(self) -> str: ...
 
     @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
     def is_closed(self) -> bool: ...
 
     async def aread(self) -> bytes: ...
@@ -55,8 +77,6 @@ class ResponseLike(Protocol):
 
 RequestT = TypeVar("RequestT", bound=RequestLike)
 ResponseT = TypeVar("ResponseT", bound=ResponseLike)
-
-
 _RequestIn = TypeVar("_RequestIn", bound=RequestLike, contravariant=True)
 _ResponseOut = TypeVar("_ResponseOut", bound=ResponseLike, covariant=True)
 
@@ -70,19 +90,62 @@ class _Inner(Protocol[_RequestIn, _ResponseOut]):
 
 
 @final
+class Call:
+    """One admitted attempt: its request context, its draw, the usage of its body.
+
+    :meth:`close` runs once, from whichever task ends the attempt (the one that closes a
+    streamed body, say): it settles the charge from the usage read, stops tracking the
+    draw if this layer owns it, and exits the request context (shielded).
+    """
+
+    def __init__(
+        self, context: Any, draw: Draw, owner: bool, handler: ProviderLimitHandler
+    ) -> None:
+        self._context = context
+        self.draw = draw
+        self.owner = owner
+        self._handler = handler
+        self._meter: UsageMeter | None = None
+        self._closed = False
+
+    def meter(self, content_type: str) -> UsageMeter:
+        """Start reading the body's usage (for a response of ``content_type``)."""
+        self._meter = UsageMeter(content_type)
+        return self._meter
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            usage = self._meter.usage() if self._meter is not None else None
+            if usage is not None:
+                self.draw.settle(usage.total)
+        finally:
+            if self.owner:
+                self._handler.finish(self.draw)
+            with anyio.CancelScope(shield=True):
+                await self._context.__aexit__(None, None, None)
+
+
+@final
 class Gate(Generic[RequestT, ResponseT]):
-    """Holds a permit around each request and reports responses to the limit handler.
+    """Sends each request through ``coordinator.request()`` (see the module docstring).
 
     Args:
-        coordinator: grants the permits (default: the process-global one).
-        handler: receives limits and successes (default: a new one for ``coordinator``).
-        tuple_for: request → tuple, or ``None`` to send it without a permit (default:
-            :func:`tuple_for_request` with ``providers``).
+        coordinator: admits the requests (default: the process-global one).
+        handler: closes gates and learns budgets (default: the coordinator's shared one).
+        tuple_for: request → tuple, or ``None`` to send it unscheduled.
         providers: host → provider names for the default mapping.
-        watch: attaches the permit to a response whose body is still open, so that
-            closing the body releases it; returns ``False`` when it cannot (the permit is
-            then released at once).
-        reject_on_closed_tuple: passed to ``acquire``.
+        watch: wraps a response's body so that reading it feeds the call's meter and
+            closing it closes the call; returns ``False`` when it cannot.
+        reject_on_closed_tuple: passed to ``request()``; such requests are never retried.
+        max_attempts: sends of one request that a 429 may take, an int ≥ 1.
+        learn_budgets: whether responses' rate-limit headers set budgets.
+        tokenizer: counts prompt tokens for the estimate (default: characters / 4).
+
+    Raises:
+        InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
 
     def __init__(
@@ -91,12 +154,21 @@ class Gate(Generic[RequestT, ResponseT]):
         handler: ProviderLimitHandler | None,
         tuple_for: Callable[[RequestT], ModelTupleLike | None] | None,
         providers: Mapping[str, str],
-        watch: Callable[[ResponseT, AgentPermit], bool],
+        watch: Callable[[ResponseT, Call], bool],
         *,
         reject_on_closed_tuple: bool,
+        max_attempts: int,
+        learn_budgets: bool,
+        tokenizer: Tokenizer | None,
     ) -> None:
+        if type(max_attempts) is not int or max_attempts < 1:
+            raise InvalidArgumentError(_ATTEMPTS_MESSAGE)
         self.coordinator = coordinator if coordinator is not None else get_agent_coordinator()
-        self.handler = handler if handler is not None else ProviderLimitHandler(self.coordinator)
+        self.handler = (
+            handler
+            if handler is not None
+            else ProviderLimitHandler.for_coordinator(self.coordinator)
+        )
         if tuple_for is None:
             known = dict(providers)
 
@@ -106,55 +178,143 @@ class Gate(Generic[RequestT, ResponseT]):
         self._tuple_for = tuple_for
         self._watch = watch
         self._reject = reject_on_closed_tuple
+        self.max_attempts = max_attempts
+        self._learn = learn_budgets
+        self._tokenizer = tokenizer
 
     async def send(
         self, request: RequestT, send: Callable[[RequestT], Awaitable[ResponseT]]
     ) -> ResponseT:
-        """``send(request)`` under a permit for the request's tuple."""
+        """``send(request)`` through ``coordinator.request()``, retrying 429s."""
         found = self._tuple_for(request)
         if found is None:
             return await send(request)
         t = as_model_tuple(found)
-        inherited = self.coordinator.current_permit()  # a Bash-pool permit is no model slot
-        permit: AgentPermit | None = None
-        if inherited is None or not inherited.held:
-            permit = await self.coordinator.acquire(t, reject_on_closed_tuple=self._reject)
-        started_at = anyio.current_time()
+        estimate = self._estimate(request)
+        order: int | None = None
+        previous: object = None
+        refused: ResponseT | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            context = self.coordinator.request(
+                t, tokens=estimate, acceptance_order=order, reject_on_closed_tuple=self._reject
+            )
+            model_request = await context.__aenter__()
+            try:
+                draw, owner = self.handler.track(model_request)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await context.__aexit__(None, None, None)
+                raise
+            call = Call(context, draw, owner, self.handler)
+            if model_request is previous:
+                # Joined an enclosing request of this task: the layer above owns it, and
+                # retries it (another handler than ours did not tell us so earlier).
+                await call.close()
+                assert refused is not None
+                return refused
+            response, limited = await self._attempt(t, request, send, call)
+            if response.status_code != 429 or not limited or not owner or self._reject:
+                return response
+            refused, previous, order = response, model_request, model_request.acceptance_order
+            await call.close()  # the slot goes back; waiting for the reopen holds none
+            if attempt < self.max_attempts:
+                _log.debug(
+                    "%s/%s: HTTP 429, sending again after the reopen (attempt %d of %d)",
+                    t.provider,
+                    t.model,
+                    attempt + 1,
+                    self.max_attempts,
+                )
+        _log.info(
+            "%s/%s: HTTP 429 after %d attempts, passed to the caller",
+            t.provider,
+            t.model,
+            self.max_attempts,
+        )
+        assert refused is not None
+        return refused
+
+    async def _attempt(
+        self,
+        t: Any,
+        request: RequestT,
+        send: Callable[[RequestT], Awaitable[ResponseT]],
+        call: Call,
+    ) -> tuple[ResponseT, bool]:
+        """Send once: the response with its body watched (or read, if an error), and
+        whether it was a provider limit (its tuple's gate is closed now)."""
+        draw, handler = call.draw, self.handler
         try:
             response = await send(request)
         except BaseException as exc:
             try:
                 if isinstance(exc, Exception):
-                    self.handler.observe(t, exc, started_at=started_at)
+                    handler.observe(t, exc, started_at=draw.started_at)
             finally:
-                if permit is not None:
-                    permit.release()
+                # The provider may have processed it: the estimate stays charged.
+                await call.close()
             raise
         try:
-            await self._inspect(t, response, started_at)
+            if self._learn:
+                handler.learn(draw, response.headers)
+            limited = await self._inspect(t, response, draw)
         except BaseException:
             try:
                 # Shielded: a cancelled caller still hands the connection back to the pool.
                 with anyio.CancelScope(shield=True):
                     await response.aclose()
             finally:
-                if permit is not None:
-                    permit.release()
+                await call.close()
             raise
-        if permit is not None and (response.is_closed or not self._watch(response, permit)):
-            permit.release()  # nothing left to stream (or nothing we can watch)
-        return response
+        if response.is_closed or not self._watch(response, call):
+            await call.close()  # nothing left to stream (or nothing we can watch)
+        return response, limited
 
-    async def _inspect(self, t: ModelTuple, response: ResponseT, started_at: float) -> None:
+    async def _inspect(self, t: Any, response: ResponseT, draw: Draw) -> bool:
         status = response.status_code
         if status in _CLIENT_ERRORS:
-            # Error bodies are small; reading one closes it (the permit then goes at once).
+            # Error bodies are small; reading one closes it (the call then ends at once).
             await response.aread()
             if is_limit_status(status, response.text):
-                delay = retry_delay(response)
-                self.handler.report_limit(t, retry_after=delay, started_at=started_at)
-        elif status < 400:
-            self.handler.report_success(t, started_at=started_at)
+                draw.refused()
+                self.handler.report_limit(
+                    t,
+                    retry_after=retry_delay(response),
+                    started_at=draw.started_at,
+                    reason=f"HTTP {status}",
+                )
+                return True
+            draw.settle(0)  # refused as malformed or unauthorized: nothing generated
+        elif status >= 400:
+            draw.settle(0)  # a server error: nothing generated, and never retried
+        else:
+            self.handler.report_success(t, started_at=draw.started_at)
+        return False
+
+    def _estimate(self, request: RequestT) -> int:
+        try:
+            content = request.content
+        except Exception:  # RequestNotRead (of either httpx): a streaming upload
+            return 0
+        return estimate_tokens(content, self._tokenizer)
+
+
+@final
+class Chunks:
+    """The wrapped body's iterator, feeding the meter (a class, not an async generator:
+    nothing of ours is left to finalize when a reader abandons the body half-way)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], meter: UsageMeter) -> None:
+        self._chunks = chunks
+        self._meter = meter
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._chunks.__anext__()
+        self._meter.feed(chunk)
+        return chunk
 
 
 class GatedTransport(Generic[RequestT, ResponseT]):
@@ -165,33 +325,28 @@ class GatedTransport(Generic[RequestT, ResponseT]):
 
     @property
     def coordinator(self) -> AgentCoordinator:
-        """The coordinator that grants this transport's permits."""
+        """The coordinator that admits this transport's requests."""
         return self._gate.coordinator
 
     @property
     def handler(self) -> ProviderLimitHandler:
-        """The handler that limit responses are reported to."""
+        """The handler that limits and budgets are reported to."""
         return self._gate.handler
 
+    @property
+    def max_attempts(self) -> int:
+        """How many times one request may be sent when the provider answers 429."""
+        return self._gate.max_attempts
+
     async def handle_async_request(self, request: RequestT) -> ResponseT:
-        """Send ``request`` under a permit for its tuple (see ``CoordinatedTransport``).
+        """Send ``request`` through the coordinator (see ``CoordinatedTransport``).
 
         Raises:
             TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
+            CoordinatorBusyError: the coordinator's ``max_queued`` waiters already wait.
         """
         return await self._gate.send(request, self._inner.handle_async_request)
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self._inner.aclose()
-
-
-async def close_then_release(stream: Any, permit: AgentPermit) -> None:
-    """Close a response body, shielded, and give its permit back whatever happens."""
-    try:
-        # Shielded so a cancelled reader still hands its connection back to the pool.
-        with anyio.CancelScope(shield=True):
-            await stream.aclose()
-    finally:
-        # Synchronous and idempotent: nothing can interrupt it or make it run twice.
-        permit.release()

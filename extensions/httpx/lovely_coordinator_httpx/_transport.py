@@ -1,16 +1,17 @@
-"""CoordinatedTransport: every model request holds a coordinator permit until its body is closed."""
+"""CoordinatedTransport: every model request goes through ``coordinator.request()``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from typing import final
 
+import anyio
 import httpx2
-from lovely_coordinator_limits import ProviderLimitHandler
+from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer, UsageMeter
 
-from lovely_coordinator import AgentCoordinator, AgentPermit
+from lovely_coordinator import AgentCoordinator
 
-from ._gate import Gate, GatedTransport, close_then_release
+from ._gate import Call, Chunks, Gate, GatedTransport
 from ._tuples import DEFAULT_PROVIDERS, TupleFor
 
 __all__ = ["CoordinatedTransport"]
@@ -20,38 +21,50 @@ __all__ = ["CoordinatedTransport"]
 class CoordinatedTransport(
     GatedTransport[httpx2.Request, httpx2.Response], httpx2.AsyncBaseTransport
 ):
-    """An httpx2 transport that runs each model request under a coordinator permit.
+    """An httpx2 transport that sends each model request through the coordinator.
 
     Each request is mapped to a ``(provider, model)`` tuple (by default: the provider from
-    the host, the model from the JSON body's ``model``, see :func:`tuple_for_request`),
-    waits for a permit on it, and keeps that permit until the response body is closed, so
-    a streamed completion counts against the cap for as long as it streams, not just until
-    its headers arrive. A request that names no model is sent without a permit, and so is
-    a request made while the task already holds a permit of the transport's own
-    coordinator (``coordinator.current_permit()``), which would otherwise wait for a
-    second slot behind itself; a permit of another coordinator (the Bash pool) does not
-    count.
+    the host, the model from the JSON body's ``model``, see :func:`tuple_for_request`) and
+    sent as one ``coordinator.request(t, tokens=estimate)``: admitted in acceptance order
+    once the tuple's gate is open, its budget holds the request and its estimated tokens
+    (the prompt's characters / 4, or ``tokenizer``, plus the body's output limit) and a
+    slot covers it — the task's current permit when that covers no other call at the
+    moment, otherwise a slot of its own, so calls fanned out under one permit never exceed
+    the caps. The request context lasts until the response body is closed (a streamed
+    completion counts for as long as it streams), and the usage the body reports settles
+    the charge. A request that names no model is sent unscheduled.
 
-    Responses feed the :class:`~lovely_coordinator_limits.ProviderLimitHandler`: a limit
-    (429, or a client error whose body names a quota or billing limit) closes the tuple for
-    the provider's requested wait; a success ends a half-open probe.
+    Responses teach the shared :class:`~lovely_coordinator_limits.ProviderLimitHandler`:
+    their rate-limit headers set the tuple's budget (unless ``set_budget`` set one) and
+    lower what is left to what the provider says remains; a limit (429, or a client error
+    whose body names a quota or billing limit) closes the tuple for the provider's wait;
+    a success moves a half-open tuple towards its full cap.
 
-    Use it with the SDKs' own clients, e.g.
-    ``openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=CoordinatedTransport()))``.
-    Turn the SDK's own retries down (``max_retries=0``) to let the closed gate, rather
-    than each request, do the waiting. For a client of the older ``httpx`` use
+    A 429 is the transport's to retry: the call is given back (no charge, no slot held),
+    waits for the gate to reopen keeping its acceptance order, and is sent again, up to
+    ``max_attempts`` sends; then the 429 goes to the caller. Nothing else is retried.
+    Turn the SDK's own retries off (``max_retries=0``) so that no retry waits holding a
+    slot. For a client of the older ``httpx`` use
     :class:`lovely_coordinator_httpx.legacy.CoordinatedTransport`.
 
     Args:
         coordinator: defaults to the process-global ``get_agent_coordinator()``.
         transport: the transport that does the I/O; defaults to a new
             ``httpx2.AsyncHTTPTransport()``, closed with this one.
-        handler: the limit handler; defaults to a new one for ``coordinator``. Share one
-            handler between transports that talk to the same providers.
+        handler: the limit handler; defaults to the coordinator's shared one
+            (``ProviderLimitHandler.for_coordinator``), which every extension uses.
         tuple_for: overrides the request → tuple mapping (return ``None`` to bypass).
         providers: host → provider names for the default mapping.
         reject_on_closed_tuple: fail at once with ``TupleSuspendedError`` rather than
-            wait while the tuple's gate is closed (for foreground work).
+            wait while the tuple's gate is closed (for foreground work; a 429 then goes
+            to the caller at once).
+        max_attempts: sends of one request that 429s may take (default 5), an int ≥ 1.
+        learn_budgets: whether the responses' rate-limit headers set budgets.
+        tokenizer: counts prompt tokens (e.g. ``tiktoken_tokenizer()``); by default
+            characters / 4.
+
+    Raises:
+        InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
 
     def __init__(
@@ -63,38 +76,50 @@ class CoordinatedTransport(
         tuple_for: TupleFor | None = None,
         providers: Mapping[str, str] = DEFAULT_PROVIDERS,
         reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+        learn_budgets: bool = True,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
-        self._inner = transport if transport is not None else httpx2.AsyncHTTPTransport()
-        self._gate = Gate(
+        gate = Gate(
             coordinator,
             handler,
             tuple_for,
             providers,
             _watch,
             reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
+            learn_budgets=learn_budgets,
+            tokenizer=tokenizer,
         )
+        self._gate = gate
+        self._inner = transport if transport is not None else httpx2.AsyncHTTPTransport()
 
 
-def _watch(response: httpx2.Response, permit: AgentPermit) -> bool:
+def _watch(response: httpx2.Response, call: Call) -> bool:
     stream = response.stream
     if not isinstance(stream, httpx2.AsyncByteStream):
         return False
-    response.stream = _PermitStream(stream, permit)
+    meter = call.meter(response.headers.get("content-type", ""))
+    response.stream = _MeteredStream(stream, meter, call)
     return True
 
 
 @final
-class _PermitStream(httpx2.AsyncByteStream):
-    """A response body that gives the permit back when it is closed, and only then."""
+class _MeteredStream(httpx2.AsyncByteStream):
+    """A response body whose chunks feed the call's meter; closing it ends the call."""
 
-    def __init__(self, stream: httpx2.AsyncByteStream, permit: AgentPermit) -> None:
+    def __init__(self, stream: httpx2.AsyncByteStream, meter: UsageMeter, call: Call) -> None:
         self._stream = stream
-        self._permit = permit
+        self._meter = meter
+        self._call = call
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        # The wrapped stream's own iterator: no generator of ours in the chain, so nothing
-        # extra to finalize when a reader abandons the body half-way.
-        return self._stream.__aiter__()
+        return Chunks(self._stream.__aiter__(), self._meter)
 
     async def aclose(self) -> None:
-        await close_then_release(self._stream, self._permit)
+        try:
+            # Shielded so a cancelled reader still hands its connection back to the pool.
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()
+        finally:
+            await self._call.close()

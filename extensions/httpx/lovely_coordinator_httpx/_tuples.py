@@ -14,7 +14,7 @@ from lovely_coordinator import ModelTuple
 __all__ = ["DEFAULT_PROVIDERS", "RequestLike", "TupleFor", "tuple_for_request"]
 
 TupleFor = Callable[[httpx2.Request], ModelTupleLike | None]
-"""Maps a request to its model tuple, or ``None`` to send it without a permit."""
+"""Maps a request to its model tuple, or ``None`` to send it unscheduled."""
 
 
 class _URLLike(Protocol):
@@ -66,7 +66,7 @@ def tuple_for_request(
 
     Returns:
         The tuple, or ``None`` when the request names no model (listing models, uploading
-        files, ...): such requests are sent without a permit.
+        files, ...): such requests are sent unscheduled.
     """
     host = request.url.host
     if not host or request.method != "POST":

@@ -17,18 +17,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import final
 
+import anyio
 import httpx
-from lovely_coordinator_limits import ModelTupleLike, ProviderLimitHandler
+from lovely_coordinator_limits import ModelTupleLike, ProviderLimitHandler, Tokenizer, UsageMeter
 
-from lovely_coordinator import AgentCoordinator, AgentPermit
+from lovely_coordinator import AgentCoordinator
 
-from ._gate import Gate, GatedTransport, close_then_release
+from ._gate import Call, Chunks, Gate, GatedTransport
 from ._tuples import DEFAULT_PROVIDERS
 
 __all__ = ["CoordinatedTransport", "LegacyTupleFor"]
 
 LegacyTupleFor = Callable[[httpx.Request], ModelTupleLike | None]
-"""Maps an ``httpx`` request to its model tuple, or ``None`` to send it without a permit."""
+"""Maps an ``httpx`` request to its model tuple, or ``None`` to send it unscheduled."""
 
 
 @final
@@ -47,36 +48,50 @@ class CoordinatedTransport(GatedTransport[httpx.Request, httpx.Response], httpx.
         tuple_for: LegacyTupleFor | None = None,
         providers: Mapping[str, str] = DEFAULT_PROVIDERS,
         reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+        learn_budgets: bool = True,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
-        self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self._gate = Gate(
+        gate = Gate(
             coordinator,
             handler,
             tuple_for,
             providers,
             _watch,
             reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
+            learn_budgets=learn_budgets,
+            tokenizer=tokenizer,
         )
+        self._gate = gate
+        self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
 
 
-def _watch(response: httpx.Response, permit: AgentPermit) -> bool:
+def _watch(response: httpx.Response, call: Call) -> bool:
     stream = response.stream
     if not isinstance(stream, httpx.AsyncByteStream):
         return False
-    response.stream = _PermitStream(stream, permit)
+    meter = call.meter(response.headers.get("content-type", ""))
+    response.stream = _MeteredStream(stream, meter, call)
     return True
 
 
 @final
-class _PermitStream(httpx.AsyncByteStream):
-    """A response body that gives the permit back when it is closed, and only then."""
+class _MeteredStream(httpx.AsyncByteStream):
+    """A response body whose chunks feed the call's meter; closing it ends the call."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, permit: AgentPermit) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream, meter: UsageMeter, call: Call) -> None:
         self._stream = stream
-        self._permit = permit
+        self._meter = meter
+        self._call = call
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._stream.__aiter__()
+        return Chunks(self._stream.__aiter__(), self._meter)
 
     async def aclose(self) -> None:
-        await close_then_release(self._stream, self._permit)
+        try:
+            # Shielded so a cancelled reader still hands its connection back to the pool.
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()
+        finally:
+            await self._call.close()

@@ -34,6 +34,7 @@ async def _openai(url: str, coordinator: AgentCoordinator) -> AsyncIterator[open
         coordinator,
         handler=ProviderLimitHandler(coordinator),
         providers={"127.0.0.1": "local"},
+        max_attempts=1,  # one limit's effect on the gate; retries: test_httpx_gate
     )
     async with openai.AsyncOpenAI(
         api_key="test",

@@ -46,9 +46,15 @@ openai_sse_on_trio = pytest.mark.filterwarnings(
 def _transport(
     coordinator: AgentCoordinator, *, backoff: Backoff | None = None, reject: bool = False
 ) -> CoordinatedTransport:
+    # One attempt: these tests look at what a single limit does to the gate, so the 429
+    # must reach the caller; the transport's retries are tested in test_httpx_gate.
     handler = ProviderLimitHandler(coordinator, backoff=backoff)
     return CoordinatedTransport(
-        coordinator, handler=handler, providers=PROVIDERS, reject_on_closed_tuple=reject
+        coordinator,
+        handler=handler,
+        providers=PROVIDERS,
+        reject_on_closed_tuple=reject,
+        max_attempts=1,
     )
 
 
@@ -368,13 +374,19 @@ async def test_half_open_probe_after_the_gate_reopens(provider: FakeProvider, ur
             assert state is not None
             assert state.failures == 2
             assert not coordinator.is_tuple_open(t)
-            # The next probe succeeds: the episode ends and the old cap comes back.
+            # The next probe succeeds: recovery starts, and a round of two more successes
+            # at cap 2 gives the old cap back and ends the episode.
+            assert await _chat(client, "gpt-test") == "ok"
+            state = transport.handler.state(t)
+            assert state is not None
+            assert state.cap == 2
+            assert await _chat(client, "gpt-test") == "ok"
             assert await _chat(client, "gpt-test") == "ok"
         assert transport.handler.state(t) is None
         assert coordinator.is_tuple_open(t)
         (entry,) = [e for e in coordinator.statistics().tuples if e.tuple == t]
         assert entry.limit == 3
-        assert [s.status for s in provider.seen("gpt-test")] == [429, 429, 200]
+        assert [s.status for s in provider.seen("gpt-test")] == [429, 429, 200, 200, 200]
 
 
 STORM = ["storm-1", "storm-2", "storm-3"]

@@ -230,6 +230,14 @@ def _is_zero(value: str | None) -> bool:
     return value is not None and _seconds(value) == 0.0
 
 
+def plain_number(text: str) -> float | None:
+    """A plain nonnegative finite decimal number (``"600"``, ``"0.5"``), else ``None``.
+
+    No signs, exponents, ``inf`` or ``nan``: header values are plain decimals.
+    """
+    return _seconds(text)
+
+
 def _seconds(text: str) -> float | None:
     """A plain nonnegative finite decimal number, or None (no signs, no exponents, no inf/nan)."""
     stripped = text.strip()

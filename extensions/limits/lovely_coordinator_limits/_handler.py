@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from random import Random
-from typing import final
+from typing import ClassVar, final
 
 import anyio
 
-from lovely_coordinator import AgentCoordinator, InvalidArgumentError, ModelTuple
+from lovely_coordinator import (
+    AgentCoordinator,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ModelTuple,
+)
 
 from ._backoff import Backoff
-from ._breaker import PROBE_LIMIT, Breaker, Close
+from ._breaker import Breaker, Close
 from ._classify import is_provider_limit
 from ._delay import retry_delay
+from ._draw import Draw, ModelRequestLike
+from ._learn import BudgetLearner
+from ._ratelimit import rate_limits_from_headers
 from ._tuples import ModelTupleLike, as_model_tuple
 
 __all__ = ["LimitState", "ProviderLimitHandler"]
+
+_log = logging.getLogger("lovely_coordinator.limits")
 
 _RETRY_AFTER_MESSAGE = "retry_after must be a finite number of seconds >= 0 or None"
 
@@ -34,6 +48,8 @@ class LimitState:
         reopens_at: when the gate reopens by itself, or ``None`` if it is open (half-open:
             the next request is the probe) or closed without a timer.
         saved_limit: the tuple cap that is restored when the episode ends.
+        cap: while recovering (the probe succeeded), the cap in force, growing by one per
+            round of successes; ``None`` while closed or probing.
     """
 
     tuple: ModelTuple
@@ -41,6 +57,7 @@ class LimitState:
     closed_at: float | None
     reopens_at: float | None
     saved_limit: int | None
+    cap: int | None = None
 
 
 @final
@@ -50,13 +67,30 @@ class ProviderLimitHandler:
     On a limit the tuple is closed for the provider's requested wait (``retry-after`` and
     friends, see :func:`retry_delay`) or, without one, an exponential backoff with jitter;
     its cap is set to one request. When the coordinator reopens the gate by itself the
-    tuple is *half-open*: one request goes through. Its success restores the previous cap
-    and resets the backoff; another limit closes the gate again, for longer.
+    tuple is *half-open*: one request goes through. Its success starts the recovery: the
+    cap grows back by one after each round of successes (as many as the cap) until it is
+    the cap from before the episode (additive increase: restoring it all at once lets
+    every queued request through together and invites the next storm). Another limit
+    while probing closes the gate again, for longer; while recovering, it halves the cap.
 
     Integrations call :meth:`observe` with failures (or :meth:`report_limit` when they
     classified the response themselves) and :meth:`report_success` after a successful
     request. All methods are synchronous and must be called from the coordinator's event
     loop thread.
+
+    It also learns budgets: integrations :meth:`track` each request the coordinator
+    admits and hand each response's headers to :meth:`learn`, which sets the tuple's
+    budget from the provider's announced limits (this process's share of them, see
+    ``_share``) unless the user set one, and lowers what is available to what the
+    provider says remains (``coordinator.learn_budget``).
+
+    Use one handler per coordinator: :meth:`for_coordinator` returns the shared one, which
+    every first-party extension uses unless given another. Two handlers closing and
+    capping the same tuples would each restore a cap the other had lowered, or never.
+
+    Closures and recoveries are logged to ``lovely_coordinator.limits`` (INFO; the
+    recovery steps at DEBUG): the tuple, the reason, how long and until when. Nothing of
+    a request or a credential is ever logged.
 
     Args:
         coordinator: the coordinator whose gates this handler manages.
@@ -71,13 +105,46 @@ class ProviderLimitHandler:
         backoff: Backoff | None = None,
         rng: Random | None = None,
     ) -> None:
-        self._coordinator = coordinator
+        self._coordinator_ref: Callable[[], AgentCoordinator | None] = lambda: coordinator
         self._breaker = Breaker(backoff or Backoff(), rng or Random())
+        self._learners: dict[ModelTuple, BudgetLearner] = {}
+        # Invariant: one entry per tracked request that its owner has not finished, keyed
+        # by identity (the draw holds the request, so its id cannot be reused meanwhile).
+        self._draws: dict[int, Draw] = {}
+
+    _shared: ClassVar[weakref.WeakKeyDictionary[AgentCoordinator, ProviderLimitHandler]] = (
+        weakref.WeakKeyDictionary()
+    )
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def for_coordinator(cls, coordinator: AgentCoordinator) -> ProviderLimitHandler:
+        """The coordinator's shared handler, created with the default backoff at first use.
+
+        Every extension uses this one unless passed ``handler=``; pass the same handler to
+        all of them if you construct your own. It lives as long as the coordinator.
+
+        Raises:
+            InvalidArgumentTypeError: ``coordinator`` is not an ``AgentCoordinator``.
+        """
+        if not isinstance(coordinator, AgentCoordinator):
+            raise InvalidArgumentTypeError("coordinator must be an AgentCoordinator")
+        with cls._shared_lock:  # the process-global coordinator may be used from threads
+            handler = cls._shared.get(coordinator)
+            if handler is None:
+                handler = cls._shared[coordinator] = cls(coordinator)
+                # Held weakly, or the mapping's value would keep its own key alive forever.
+                handler._coordinator_ref = weakref.ref(coordinator)
+            return handler
 
     @property
     def coordinator(self) -> AgentCoordinator:
         """The coordinator whose gates this handler closes."""
-        return self._coordinator
+        coordinator = self._coordinator_ref()
+        # Only a shared handler holds its coordinator weakly, and it is only reachable
+        # through for_coordinator(coordinator) or an object that holds the coordinator too.
+        assert coordinator is not None, "the coordinator of a shared handler was collected"
+        return coordinator
 
     def observe(
         self, t: ModelTupleLike, error: BaseException, /, *, started_at: float | None = None
@@ -98,7 +165,8 @@ class ProviderLimitHandler:
         t = as_model_tuple(t)
         if not is_provider_limit(error):
             return False
-        self.report_limit(t, retry_after=retry_delay(error), started_at=started_at)
+        reason = type(error).__name__
+        self.report_limit(t, retry_after=retry_delay(error), started_at=started_at, reason=reason)
         return True
 
     def report_limit(
@@ -108,6 +176,7 @@ class ProviderLimitHandler:
         *,
         retry_after: float | None = None,
         started_at: float | None = None,
+        reason: str = "provider limit",
     ) -> float | None:
         """Report that a request on ``t`` hit a provider limit.
 
@@ -118,6 +187,7 @@ class ProviderLimitHandler:
                 request admitted before the handler last closed the gate was not the
                 half-open probe: its limit can push the reopen later but does not count
                 as a failed probe.
+            reason: what the limit was, for the log (``"HTTP 429"``, an error's class name).
 
         Returns:
             The closure applied, in seconds, or ``None`` when the gate was already closed
@@ -130,7 +200,7 @@ class ProviderLimitHandler:
         t = as_model_tuple(t)
         if retry_after is not None and not _is_delay(retry_after):
             raise InvalidArgumentError(_RETRY_AFTER_MESSAGE)
-        coordinator = self._coordinator
+        coordinator = self.coordinator
         decision = self._breaker.on_limit(
             t,
             hint=retry_after,
@@ -140,7 +210,7 @@ class ProviderLimitHandler:
         )
         if decision is None:
             return None
-        self._apply(t, decision)
+        self._apply(t, decision, reason)
         return decision.reopen_after
 
     def report_success(self, t: ModelTupleLike, /, *, started_at: float | None = None) -> None:
@@ -156,11 +226,83 @@ class ProviderLimitHandler:
             InvalidArgumentError: ``t`` is not a valid model tuple.
         """
         t = as_model_tuple(t)
+        coordinator = self.coordinator
         restore = self._breaker.on_success(
-            t, gate_open=self._coordinator.is_tuple_open(t), started_at=started_at
+            t,
+            gate_open=coordinator.is_tuple_open(t),
+            started_at=started_at,
+            ceiling=coordinator.max_concurrency,
         )
-        if restore is not None:
-            self._coordinator.set_tuple_limit(t, restore.limit)
+        if restore is None:
+            return
+        coordinator.set_tuple_limit(t, restore.limit)
+        if restore.done:
+            _log.info("%s recovered: cap restored to %s", _name(t), restore.limit)
+        else:
+            _log.debug("%s recovering: cap raised to %d", _name(t), restore.limit)
+
+    def track(self, request: ModelRequestLike, /) -> tuple[Draw, bool]:
+        """Track a request the coordinator admitted, or find the draw a layer above made.
+
+        Args:
+            request: what ``coordinator.request()`` returned.
+
+        Returns:
+            The request's :class:`Draw`, and whether this call made it. The caller that
+            made it *owns* the call: it alone retries it after a limit, and it calls
+            :meth:`finish` when the call is over. A layer that finds the draw of another
+            (its ``request()`` joined an enclosing one) settles and learns through it but
+            leaves retries to the owner.
+        """
+        found = self._draws.get(id(request))
+        if found is not None and found.request is request:
+            return found, False
+        learner = self._learners.get(request.tuple)
+        if learner is None:
+            learner = self._learners[request.tuple] = BudgetLearner()
+        draw = Draw(request, learner, anyio.current_time())
+        self._draws[id(request)] = draw
+        return draw, True
+
+    def finish(self, draw: Draw, /) -> None:
+        """Stop tracking ``draw``'s request (its owner's call is over). Idempotent."""
+        key = id(draw.request)
+        if self._draws.get(key) is draw:
+            del self._draws[key]
+
+    def learn(self, draw: Draw, headers: Mapping[str, str], /) -> None:
+        """Learn the tuple's budget from the rate-limit headers of a response to ``draw``.
+
+        Does nothing when the headers report no limits.
+        """
+        limits = rate_limits_from_headers(headers)
+        if limits.empty:
+            return
+        t = draw.tuple
+        coordinator = self.coordinator
+        entry = coordinator.tuple_statistics(t)
+        available = (
+            (None, None) if entry is None else (entry.requests_available, entry.tokens_available)
+        )
+        learner = self._learners[t]
+        learned = learner.learn(limits, draw.marks, at=anyio.current_time(), available=available)
+        if learned.empty:
+            return
+        coordinator.learn_budget(
+            t,
+            requests_per_minute=learned.requests_per_minute,
+            tokens_per_minute=learned.tokens_per_minute,
+            requests_remaining=learned.requests_remaining,
+            tokens_remaining=learned.tokens_remaining,
+        )
+        if not learner.announced:
+            learner.announced = True
+            _log.info(
+                "%s budget learned from the provider's headers: %s requests, %s tokens a minute",
+                _name(t),
+                _format_limit(limits.requests.per_minute if limits.requests else None),
+                _format_limit(limits.tokens.per_minute if limits.tokens else None),
+            )
 
     def state(self, t: ModelTupleLike, /) -> LimitState | None:
         """The tuple's open limit episode, or ``None`` when it has none."""
@@ -168,23 +310,41 @@ class ProviderLimitHandler:
         episode = self._breaker.episode(t)
         if episode is None:
             return None
-        reopens_at = self._coordinator.tuple_reopens_at(t)
-        return LimitState(t, episode.failures, episode.closed_at, reopens_at, episode.saved_limit)
+        reopens_at = self.coordinator.tuple_reopens_at(t)
+        return LimitState(
+            t, episode.failures, episode.closed_at, reopens_at, episode.saved_limit, episode.cap
+        )
 
-    def _apply(self, t: ModelTuple, decision: Close) -> None:
-        coordinator = self._coordinator
+    def _apply(self, t: ModelTuple, decision: Close, reason: str) -> None:
+        coordinator = self.coordinator
         coordinator.close_tuple(t, reopen_after=decision.reopen_after)
-        coordinator.set_tuple_limit(t, PROBE_LIMIT)
+        if decision.limit is not None:
+            coordinator.set_tuple_limit(t, decision.limit)
         self._breaker.closed(t, anyio.current_time())
+        _log.info(
+            "%s closed for %.3g s (reopens at %s on the anyio clock), cap %s: %s",
+            _name(t),
+            decision.reopen_after,
+            _format_time(coordinator.tuple_reopens_at(t)),
+            self._tuple_limit(t),
+            reason,
+        )
 
     def _tuple_limit(self, t: ModelTuple) -> int | None:
-        # The public API has no per-tuple getter for the cap; the statistics snapshot lists
-        # every capped tuple, so a missing entry means "no cap".
-        for entry in self._coordinator.statistics().tuples:
-            if entry.tuple == t:
-                limit: int | None = entry.limit
-                return limit
-        return None
+        entry = self.coordinator.tuple_statistics(t)  # None: not listed, so no cap
+        return None if entry is None else entry.limit
+
+
+def _format_limit(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _name(t: ModelTuple) -> str:
+    return f"{t.provider}/{t.model}"
+
+
+def _format_time(at: float | None) -> str:
+    return "never (until opened)" if at is None else f"{at:.3f}"
 
 
 def _is_delay(value: object) -> bool:

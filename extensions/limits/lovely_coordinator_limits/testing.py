@@ -1,19 +1,24 @@
 """A local fake model provider, for testing rate-limit handling against real SDK clients.
 
-:class:`FakeProvider` is a plain ASGI app that speaks just enough of three HTTP APIs:
+:class:`FakeProvider` is a plain ASGI app speaking just enough of the OpenAI chat
+completions, Anthropic messages and Gemini APIs (see ``_fake_wire``), JSON or streamed,
+with ``usage`` in every answer. Per model it can:
 
-- OpenAI chat completions: ``POST /v1/chat/completions`` (JSON or SSE with ``stream``);
-- Anthropic messages: ``POST /v1/messages`` (JSON or SSE with ``stream``);
-- Gemini: ``POST /v1beta/models/{model}:generateContent``.
+- enforce rate limits (:meth:`FakeProvider.limit` with a :class:`Quota`): token buckets of
+  a short window of the announced per-minute rates, as providers enforce them, with the
+  ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers of that enforcement on every
+  answer and 429s (with ``retry-after``) when a bucket is short;
+- answer with a script of refusals first (:meth:`FakeProvider.script`, :class:`Refuse`);
+- hold requests until released (:meth:`FakeProvider.pause`), so a test can look at what
+  is in flight (:meth:`FakeProvider.in_flight`, :meth:`FakeProvider.wait_for_in_flight`,
+  :meth:`FakeProvider.peak_in_flight`).
 
-Each model answers with a script of refusals (:class:`Refuse`, e.g. a 429 with one style
-of wait header), then with successes. :func:`serve` runs an app with uvicorn on a free
-port of 127.0.0.1 in a background thread, so a test on any event loop (asyncio or trio)
-can point ``base_url`` at it.
-
-For pytest, three fixtures wrap this: ``fake_provider_server`` serves one provider per
-test module, ``fake_provider`` is that provider with its scripts and records reset for the
-test, and ``fake_provider_url`` its base URL. Import them into a ``conftest.py``::
+:func:`serve` runs an app with uvicorn (``h11``) on a free port of 127.0.0.1 in a
+background thread, so a test on any event loop (asyncio or trio) can point ``base_url``
+at it. For pytest, three fixtures wrap this: ``fake_provider_server`` serves one provider
+per test module, ``fake_provider`` is that provider with its scripts, limits and records
+reset for the test, and ``fake_provider_url`` its base URL. Import them into a
+``conftest.py``::
 
     from lovely_coordinator_limits.testing import (
         fake_provider as fake_provider,
@@ -29,33 +34,56 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, final
+from datetime import UTC, datetime
+from typing import Any, final
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import pytest
+
+from ._fake_quota import Buckets, Quota
+from ._fake_wire import Api, Ask, answer_text, completion, error_body, parse_ask, stream_events
 
 __all__ = [
     "Api",
     "FakeProvider",
+    "Quota",
     "Refuse",
     "Seen",
     "fake_provider",
     "fake_provider_server",
     "fake_provider_url",
+    "openai_sse_on_trio",
     "serve",
 ]
 
-Api = Literal["openai", "anthropic", "gemini"]
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_GEMINI_PREFIX = "/v1beta/models/"
 _ALL = "\0all"  # the in-flight key counting every model (no model name contains NUL)
+
+openai_sse_on_trio = pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in. <async_generator object "
+    r"(SSEDecoder|AsyncStream|Response|AsyncHTTP11Connection|HTTP11ConnectionByteStream"
+    r"|PoolByteStream|AsyncResponseStream|BoundAsyncStream|_MeteredIterator)\.:"
+    "pytest.PytestUnraisableExceptionWarning"
+)
+"""Filters the warnings of the openai SDK's unfinished stream generators (a test mark).
+
+The openai SDK iterates its server-sent events through a chain of async generators (its
+own, httpx2's, httpcore2's) and stops at ``[DONE]``, or on cancellation, without closing
+them; on trio their finalizer then warns (asyncio stays silent). Mark such tests with it,
+and collect garbage (``gc.collect()``) before they end, so the warnings land in the test
+that is filtered and not in a later one.
+"""
 
 
 @final
@@ -77,44 +105,102 @@ class Refuse:
 @final
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A request the provider received (and what it answered)."""
+    """A request the provider received, and what it answered.
+
+    Attributes:
+        api: which API it was sent to.
+        model: the model it named.
+        stream: whether it asked for a stream.
+        status: the answer's status (429 for a quota's refusal or a scripted one).
+        at: when it arrived (``time.monotonic()``).
+        input_tokens: the prompt's tokens as the provider counted them (0 when refused).
+        output_tokens: the tokens the answer generated (0 when refused).
+    """
 
     api: Api
     model: str
     stream: bool
     status: int
+    at: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 @final
 class FakeProvider:
-    """An ASGI app imitating model providers; scripts and records are thread-safe.
+    """An ASGI app imitating model providers; configuration and records are thread-safe.
 
     Args:
-        reply: the text every successful completion answers with.
+        reply: the text every completion answers with (cut to the request's output
+            limit); ``None`` answers with as many tokens as the output limit allows.
+        latency: seconds each answer takes before its first byte.
     """
 
-    def __init__(self, reply: str = "ok") -> None:
+    def __init__(self, reply: str | None = "ok", *, latency: float = 0.0) -> None:
         self.reply = reply
+        self.latency = latency
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._scripts: dict[str, deque[Refuse]] = {}
+        self._quotas: dict[str, Quota] = {}
+        self._buckets: dict[str, Buckets] = {}
         self._seen: list[Seen] = []
         self._in_flight: Counter[str] = Counter()
         self._peak: Counter[str] = Counter()
+        self._paused: dict[str, anyio.Event | None] = {}
+        self._token: anyio.lowlevel.EventLoopToken | None = None
 
     def script(self, model: str, *refusals: Refuse) -> None:
-        """Queue ``refusals`` as the next answers for ``model``; then it succeeds again."""
+        """Queue ``refusals`` as the next answers for ``model``; then it answers again."""
         with self._lock:
             self._scripts.setdefault(model, deque()).extend(refusals)
+
+    def limit(self, model: str, quota: Quota | None) -> None:
+        """Enforce ``quota`` for ``model`` from now on, its buckets full (``None``: no limits)."""
+        with self._lock:
+            self._buckets.pop(model, None)
+            if quota is None:
+                self._quotas.pop(model, None)
+            else:
+                self._quotas[model] = quota
+                self._buckets[model] = Buckets(quota, time.monotonic())
+
+    def pause(self, model: str) -> None:
+        """Hold every request for ``model`` (once counted in flight) until :meth:`resume`."""
+        with self._lock:
+            self._paused.setdefault(model, None)
+
+    def resume(self, model: str) -> None:
+        """Let ``model``'s held requests, and later ones, through."""
+        with self._lock:
+            event = self._paused.pop(model, None)
+            token = self._token
+        if event is not None and token is not None:
+            anyio.from_thread.run_sync(event.set, token=token)
 
     def seen(self, model: str | None = None) -> list[Seen]:
         """The requests received so far (for ``model`` only, if given), oldest first."""
         with self._lock:
             return [s for s in self._seen if model is None or s.model == model]
 
+    def in_flight(self, model: str | None = None) -> int:
+        """The requests (for ``model``, or in all) being answered right now."""
+        with self._lock:
+            return self._in_flight[model if model is not None else _ALL]
+
     def peak_in_flight(self, model: str | None = None) -> int:
         """The most requests (for ``model``, or in all) that were answered at the same time."""
         with self._lock:
             return self._peak[model if model is not None else _ALL]
+
+    def wait_for_in_flight(self, model: str | None, count: int, timeout: float = 10.0) -> bool:
+        """Block this thread until ``count`` requests are in flight; ``False`` on timeout.
+
+        From async code: ``await anyio.to_thread.run_sync(provider.wait_for_in_flight, ...)``.
+        """
+        key = model if model is not None else _ALL
+        with self._changed:
+            return self._changed.wait_for(lambda: self._in_flight[key] >= count, timeout)
 
     def forgive(self, model: str | None = None) -> None:
         """Drop the refusals still scripted (for ``model``, or for every model)."""
@@ -125,9 +211,13 @@ class FakeProvider:
                 self._scripts.pop(model, None)
 
     def reset(self) -> None:
-        """Forget scripts and records."""
+        """Forget scripts, limits, pauses and records (held requests are let through)."""
+        for model in list(self._paused):
+            self.resume(model)
         with self._lock:
             self._scripts.clear()
+            self._quotas.clear()
+            self._buckets.clear()
             self._seen.clear()
             self._in_flight.clear()
             self._peak.clear()
@@ -136,31 +226,82 @@ class FakeProvider:
         if scope["type"] != "http":
             return
         body = await _read_body(receive)
-        route = _route(scope["method"], scope["path"], body)
-        if route is None:
+        ask = parse_ask(scope["method"], scope["path"], body)
+        if ask is None:
             await _send_json(send, 404, {"error": {"message": "not found"}})
             return
-        api, model, stream = route
-        with self._lock:
-            queue = self._scripts.get(model)
+        now, wall = time.monotonic(), datetime.now(UTC)
+        with self._changed:
+            self._token = anyio.lowlevel.current_token()
+            queue = self._scripts.get(ask.model)
             refusal = queue.popleft() if queue else None
-            status = refusal.status if refusal is not None else 200
-            self._seen.append(Seen(api, model, stream, status))
-            for key in (model, _ALL):
+            buckets = self._buckets.get(ask.model)
+            admission = None
+            if refusal is None and buckets is not None:
+                admission = buckets.admit(
+                    prompt=ask.prompt_tokens, output_limit=ask.output_limit, now=now
+                )
+            headers = _limit_headers(ask.api, buckets, wall)
+            refused = refusal is not None or (admission is not None and not admission.admitted)
+            text, output, cut = answer_text(self.reply, ask.output_limit)
+            status = refusal.status if refusal is not None else 429 if refused else 200
+            served = (ask.prompt_tokens, output) if not refused else (0, 0)
+            self._seen.append(Seen(ask.api, ask.model, ask.stream, status, now, *served))
+            for key in (ask.model, _ALL):
                 self._in_flight[key] += 1
                 self._peak[key] = max(self._peak[key], self._in_flight[key])
+            self._changed.notify_all()
+            held = self._hold(ask.model)
         try:
+            if held is not None:
+                await held.wait()
             if refusal is not None:
-                error = refusal.body if refusal.body is not None else _error_body(api, refusal)
-                await _send_json(send, refusal.status, error, refusal.headers)
-            elif stream:
-                await _send_stream(send, _stream_events(api, model, self.reply))
-            else:
-                await _send_json(send, 200, _completion(api, model, self.reply))
+                error = refusal.body
+                if error is None:
+                    error = error_body(ask.api, refusal.status, "Rate limit reached for requests")
+                await _send_json(send, refusal.status, error, {**headers, **refusal.headers})
+                return
+            if admission is not None and not admission.admitted:
+                wait = admission.retry_after
+                headers["retry-after"] = str(max(1, round(wait + 0.5)))
+                headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
+                message = f"Rate limit reached for {ask.model}; try again in {wait:.3f}s"
+                await _send_json(send, 429, error_body(ask.api, 429, message), headers)
+                return
+            if self.latency > 0:
+                await anyio.sleep(self.latency)
+            if buckets is not None:
+                with self._lock:
+                    buckets.give_back(ask.output_limit - output, time.monotonic())
+            await self._answer(send, ask, text, output, cut, headers)
         finally:
-            with self._lock:
-                self._in_flight[model] -= 1
+            with self._changed:
+                self._in_flight[ask.model] -= 1
                 self._in_flight[_ALL] -= 1
+                self._changed.notify_all()
+
+    def _hold(self, model: str) -> anyio.Event | None:
+        # Called under the lock, in the server's event loop.
+        if model not in self._paused:
+            return None
+        event = self._paused[model]
+        if event is None:
+            event = self._paused[model] = anyio.Event()
+        return event
+
+    async def _answer(
+        self, send: Send, ask: Ask, text: str, output: int, cut: bool, headers: dict[str, str]
+    ) -> None:
+        if ask.stream:
+            await _send_stream(send, stream_events(ask, text, output, cut), headers)
+        else:
+            await _send_json(send, 200, completion(ask, text, output, cut), headers)
+
+
+def _limit_headers(api: Api, buckets: Buckets | None, wall: datetime) -> dict[str, str]:
+    if buckets is None or api == "gemini":
+        return {}
+    return buckets.openai_headers() if api == "openai" else buckets.anthropic_headers(wall)
 
 
 @contextmanager
@@ -175,9 +316,11 @@ def serve(app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> Iterator[st
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+    sock.listen(1024)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False, http="h11", backlog=1024
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="fake-provider", daemon=True
@@ -200,36 +343,19 @@ def fake_provider_server() -> Iterator[tuple[FakeProvider, str]]:
 
 
 @pytest.fixture
-def fake_provider(fake_provider_server: tuple[FakeProvider, str]) -> FakeProvider:
-    """The module's served :class:`FakeProvider`, with no scripts or records left over."""
+def fake_provider(fake_provider_server: tuple[FakeProvider, str]) -> Iterator[FakeProvider]:
+    """The module's served :class:`FakeProvider`, with nothing left over from other tests."""
     provider = fake_provider_server[0]
     provider.reset()
-    return provider
+    provider.reply, provider.latency = "ok", 0.0
+    yield provider
+    provider.reset()  # lets requests a failed test left held go
 
 
 @pytest.fixture
 def fake_provider_url(fake_provider_server: tuple[FakeProvider, str]) -> str:
     """The base URL of the module's served :class:`FakeProvider`."""
     return fake_provider_server[1]
-
-
-def _route(method: str, path: str, body: bytes) -> tuple[Api, str, bool] | None:
-    if method != "POST":
-        return None
-    try:
-        payload = json.loads(body or b"{}")
-    except ValueError:
-        return None
-    if not isinstance(payload, dict):
-        return None
-    stream = payload.get("stream") is True
-    if path == "/v1/chat/completions":
-        return "openai", str(payload.get("model", "")), stream
-    if path == "/v1/messages":
-        return "anthropic", str(payload.get("model", "")), stream
-    if path.startswith(_GEMINI_PREFIX) and path.endswith(":generateContent"):
-        return "gemini", path[len(_GEMINI_PREFIX) : -len(":generateContent")], False
-    return None
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -251,129 +377,10 @@ async def _send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_stream(send: Send, events: list[bytes]) -> None:
-    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+async def _send_stream(send: Send, events: list[bytes], headers: Mapping[str, str]) -> None:
+    raw = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": 200, "headers": raw})
     for event in events:
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
-
-
-def _error_body(api: Api, refusal: Refuse) -> object:
-    if api == "openai":
-        return {
-            "error": {
-                "message": "Rate limit reached for requests",
-                "type": "requests",
-                "code": "rate_limit_exceeded",
-            }
-        }
-    if api == "anthropic":
-        return {
-            "type": "error",
-            "error": {"type": "rate_limit_error", "message": "Number of requests exceeded"},
-        }
-    return {
-        "error": {
-            "code": refusal.status,
-            "message": "Resource has been exhausted (e.g. check quota).",
-            "status": "RESOURCE_EXHAUSTED",
-        }
-    }
-
-
-def _completion(api: Api, model: str, text: str) -> object:
-    if api == "openai":
-        return {
-            "id": "chatcmpl-fake",
-            "object": "chat.completion",
-            "created": 0,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    if api == "anthropic":
-        return {
-            "id": "msg_fake",
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": 1, "output_tokens": 1},
-        }
-    return {
-        "candidates": [
-            {"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}
-        ]
-    }
-
-
-def _stream_events(api: Api, model: str, text: str) -> list[bytes]:
-    if api == "openai":
-        chunks = [
-            _openai_chunk(model, {"role": "assistant", "content": ""}, None),
-            *(_openai_chunk(model, {"content": ch}, None) for ch in text),
-            _openai_chunk(model, {}, "stop"),
-        ]
-        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
-    message: dict[str, object] = {
-        "id": "msg_fake",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 0},
-    }
-    events: list[tuple[str, object]] = [
-        ("message_start", {"type": "message_start", "message": message}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        *(
-            (
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": ch},
-                },
-            )
-            for ch in text
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": 1},
-            },
-        ),
-        ("message_stop", {"type": "message_stop"}),
-    ]
-    return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
-
-
-def _openai_chunk(model: str, delta: object, finish: str | None) -> object:
-    return {
-        "id": "chatcmpl-fake",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }

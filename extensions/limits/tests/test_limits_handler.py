@@ -8,6 +8,9 @@ carry no ``fail_after``.
 
 from __future__ import annotations
 
+import gc
+import logging
+import weakref
 from random import Random
 
 import anyio
@@ -20,6 +23,7 @@ from lovely_coordinator import (
     AgentCoordinator,
     AgentPermit,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     ModelTuple,
     create_agent_coordinator,
 )
@@ -103,7 +107,7 @@ async def test_limits_while_closed_never_escalate() -> None:
 
 @TIMED
 @pytest.mark.anyio
-async def test_the_probe_succeeds_and_the_cap_comes_back(unit: float) -> None:
+async def test_the_probe_succeeds_and_the_cap_comes_back_step_by_step(unit: float) -> None:
     with anyio.fail_after(100 * unit):
         coordinator = create_agent_coordinator(4)
         coordinator.set_tuple_limit(T, 3)
@@ -124,15 +128,24 @@ async def test_the_probe_succeeds_and_the_cap_comes_back(unit: float) -> None:
             await anyio.wait_all_tasks_blocked()
             assert coordinator.statistics().active == 1
             assert coordinator.queued_count == 1
-            # The probe (admitted after the closure) succeeds: the old cap is back, and
-            # the waiter goes through at once.
+            # The probe (admitted after the closure) succeeds: one more slot, and the
+            # waiter goes through at once; not the whole cap yet.
             handler.report_success(T, started_at=anyio.current_time())
-            assert handler.state(T) is None
-            assert _limit_of(coordinator, T) == 3
+            state = handler.state(T)
+            assert state is not None
+            assert state.cap == 2
+            assert _limit_of(coordinator, T) == 2
         probe.release()
         (permit,) = second
         assert permit.held
         assert coordinator.active_count == 1
+        # A round of two successes at cap 2 gives the old cap back, and ends the episode.
+        handler.report_success(T, started_at=anyio.current_time())
+        assert _limit_of(coordinator, T) == 2
+        handler.report_success(T, started_at=anyio.current_time())
+        assert handler.state(T) is None
+        assert _limit_of(coordinator, T) == 3
+        permit.release()
 
 
 @TIMED
@@ -154,7 +167,10 @@ async def test_a_failed_probe_closes_again_for_longer(unit: float) -> None:
         assert handler.report_limit(T, retry_after=0.0) == 4 * unit
         permit.release()
         permit = await coordinator.acquire(T)
-        handler.report_success(T)
+        # Back to the global cap of 4 (the tuple had none) in rounds of 1, 2 and 3.
+        for _ in range(1 + 2 + 3):
+            assert handler.state(T) is not None
+            handler.report_success(T)
         permit.release()
         assert handler.state(T) is None
         assert _limit_of(coordinator, T) is None
@@ -172,7 +188,9 @@ async def test_successes_from_before_the_closure_prove_nothing() -> None:
     handler.report_success(T, started_at=started)  # admitted before the closure
     assert handler.state(T) is not None
     handler.report_success(T, started_at=anyio.current_time())
-    assert handler.state(T) is None
+    state = handler.state(T)
+    assert state is not None
+    assert state.cap == 2  # the probe proved the way: recovery has started
 
 
 @pytest.mark.anyio
@@ -216,3 +234,45 @@ async def test_bad_waits_change_nothing(bad: float) -> None:
     assert handler.state(T) is None
     assert coordinator.is_tuple_open(T)
     assert coordinator.statistics().tuples == ()
+
+
+@pytest.mark.anyio
+async def test_one_shared_handler_per_coordinator() -> None:
+    first, second = create_agent_coordinator(2), create_agent_coordinator(2)
+    shared = ProviderLimitHandler.for_coordinator(first)
+    assert ProviderLimitHandler.for_coordinator(first) is shared
+    assert ProviderLimitHandler.for_coordinator(second) is not shared
+    assert shared.coordinator is first
+    with pytest.raises(
+        InvalidArgumentTypeError, match=r"^coordinator must be an AgentCoordinator$"
+    ):
+        ProviderLimitHandler.for_coordinator(object())  # type: ignore[arg-type]
+
+
+def test_the_shared_handler_lives_as_long_as_its_coordinator() -> None:
+    coordinator = create_agent_coordinator(2)
+    handler = weakref.ref(ProviderLimitHandler.for_coordinator(coordinator))
+    gc.collect()
+    assert handler() is not None
+    del coordinator
+    gc.collect()
+    assert handler() is None
+
+
+@pytest.mark.anyio
+async def test_closures_and_recoveries_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    coordinator = create_agent_coordinator(2)
+    handler = _handler(coordinator)
+    with caplog.at_level(logging.DEBUG, logger="lovely_coordinator.limits"):
+        handler.report_limit(T, retry_after=30.0, reason="HTTP 429")
+        reopens_at = coordinator.tuple_reopens_at(T)
+        assert reopens_at is not None
+        coordinator.open_tuple(T)
+        handler.report_success(T)  # the probe: cap 2 of 2, so recovered at once
+    closed, recovered = (r for r in caplog.records if r.name == "lovely_coordinator.limits")
+    assert closed.levelno == logging.INFO
+    assert closed.getMessage() == (
+        f"openai/gpt-4o closed for 30 s (reopens at {reopens_at:.3f} on the anyio clock), "
+        "cap 1: HTTP 429"
+    )
+    assert recovered.getMessage() == "openai/gpt-4o recovered: cap restored to None"

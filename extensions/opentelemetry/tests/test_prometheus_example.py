@@ -30,6 +30,7 @@ def samples(text: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(name + "{")]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_example_serves_every_metric() -> None:

@@ -5,17 +5,18 @@
   provider limits to a :class:`~lovely_coordinator_limits.ProviderLimitHandler`.
 - :class:`AgentTree` runs agents as managed sessions that start sub-agents: depth limits,
   permit lending while a parent waits, results through notification routes, and children
-  kept as residents for follow-up input.
+  resident for follow-up input until their parent's run ends (or, kept, within a bound).
 """
 
+from ._child import ChildAgent as ChildAgent
+from ._errors import ChildDisposedError as ChildDisposedError
+from ._errors import ChildStoppedError as ChildStoppedError
+from ._errors import SpawnRefusedError as SpawnRefusedError
+from ._errors import SubAgentError as SubAgentError
 from ._model import CoordinatedModel as CoordinatedModel
+from ._model import estimate_request as estimate_request
 from ._model import tuple_of as tuple_of
 from ._tree import AgentTree as AgentTree
-from ._tree import ChildAgent as ChildAgent
-from ._tree import ChildDisposedError as ChildDisposedError
-from ._tree import ChildStoppedError as ChildStoppedError
-from ._tree import SpawnRefusedError as SpawnRefusedError
-from ._tree import SubAgentError as SubAgentError
 from ._tree import current_session as current_session
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "SpawnRefusedError",
     "SubAgentError",
     "current_session",
+    "estimate_request",
     "tuple_of",
 ]

@@ -11,12 +11,20 @@ waits for a child *lends* its permit meanwhile (``coordinator.with_lent_permit``
 tree of agents cannot deadlock at full capacity: the parent's slot goes to the child (or
 to earlier work) and the parent queues to take one back before its model loop continues.
 
-Children are residents (``bind_resident``): they stay alive after their first answer, and
+Residents. A child is a resident (``bind_resident``) while it lives:
 ``coordinator.get_resident(child_id).input(text, "followup")`` runs another turn with the
 conversation so far. Results nobody is waiting for (a detached child's, every follow-up's)
 go to the parent through its notification route as a
 :class:`~lovely_coordinator.ParentNotification`; a child session's own route steers such
-results into the child's conversation as follow-up input.
+results into the child's conversation as follow-up input. How long a child lives:
+
+- by default (``keep=False``, as for :meth:`ask` and :meth:`tool`) until its parent's run
+  ends — the root's :meth:`run` returning, or the parent child's turn ending — when it is
+  disposed and unbound, running or not;
+- with ``keep=True`` (the default of :meth:`start`, whose results arrive later by
+  notification) until it is disposed or the tree exits, at most ``max_residents`` of them
+  at once: a new one beyond that disposes the least recently used idle one, and is
+  refused with :class:`SpawnRefusedError` when none is idle.
 """
 
 from __future__ import annotations
@@ -24,11 +32,10 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import math
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypeVar, final, overload
 
 import anyio
 import anyio.abc
@@ -36,36 +43,35 @@ from lovely_coordinator_limits import ModelTupleLike, ProviderLimitHandler, as_m
 from pydantic_ai import Agent, Tool
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import UsageLimits
 
 from lovely_coordinator import (
     AgentCoordinator,
-    CoordinatorError,
     InvalidArgumentError,
     ModelTuple,
     ParentNotification,
     SessionContext,
+    UsageError,
     get_agent_coordinator,
 )
 
+from ._child import ChildAgent, RunOptions
+from ._errors import SpawnRefusedError
 from ._model import CoordinatedModel, tuple_of
 
-__all__ = [
-    "AgentTree",
-    "ChildAgent",
-    "ChildDisposedError",
-    "ChildStoppedError",
-    "SpawnRefusedError",
-    "SubAgentError",
-    "current_session",
-]
+__all__ = ["AgentTree", "current_session"]
 
 _session: ContextVar[str | None] = ContextVar(
     "lovely_coordinator_pydantic_ai.session", default=None
 )
 
 Route = Callable[[ParentNotification], object]
+DepsT = TypeVar("DepsT")
+OutputT = TypeVar("OutputT")
 
-_log = logging.getLogger("lovely_coordinator_pydantic_ai")
+_log = logging.getLogger("lovely_coordinator.pydantic_ai")
+_NOT_RUNNING = "AgentTree is not running: use it as `async with AgentTree(...) as tree:`"
 
 
 def current_session() -> str | None:
@@ -73,174 +79,23 @@ def current_session() -> str | None:
     return _session.get()
 
 
-class SubAgentError(CoordinatorError):
-    """Base class of the sub-agent errors of this package."""
-
-
-class SpawnRefusedError(SubAgentError, RuntimeError):
-    """The current session may not start a sub-agent (not managed, not allowed, too deep)."""
-
-
-class ChildStoppedError(SubAgentError):
-    """The sub-agent's turn was stopped before it produced a result."""
-
-
-class ChildDisposedError(SubAgentError, RuntimeError):
-    """The sub-agent has been disposed and accepts no more input."""
-
-
-@final
-class ChildAgent:
-    """A running sub-agent: a resident that answers its first prompt and then follow-ups.
-
-    Attributes:
-        session_id: its session id (also its resident and notification-route key).
-        parent_id: the session that started it.
-        depth: its depth (its parent's + 1).
-        tuple: the model tuple its turns run under.
-        dispose_event: set once it is disposed; also the ``dispose`` event of its
-            :class:`~lovely_coordinator.SessionContext`.
-
-    Created by :class:`AgentTree`, not directly.
-    """
-
-    def __init__(
-        self,
-        tree: AgentTree,
-        agent: Agent[None, Any],
-        *,
-        session_id: str,
-        parent_id: str,
-        depth: int,
-        tuple: ModelTuple,
-    ) -> None:
-        self.session_id = session_id
-        self.parent_id = parent_id
-        self.depth = depth
-        self.tuple = tuple
-        self._tree = tree
-        self._agent = agent
-        self._history: list[ModelMessage] = []
-        self._send, self._inbox = anyio.create_memory_object_stream[str](math.inf)
-        self._turns = 0
-        self._first = anyio.Event()
-        self._first_output: object = None
-        self._first_error: BaseException | None = None
-        self._awaited = False  # a parent is waiting for the first result right now
-        self._turn_scope: anyio.CancelScope | None = None
-        self._unbind: list[Callable[[], None]] = []
-        self.dispose_event = anyio.Event()
-
-    @property
-    def turns(self) -> int:
-        """Turns completed so far (successful or not)."""
-        return self._turns
-
-    async def result(self) -> object:
-        """Wait for the first turn and return its output.
-
-        Raises:
-            ChildStoppedError: the turn was stopped (or the child disposed) first.
-            Exception: whatever the turn raised (a provider limit, for instance).
-        """
-        await self._first.wait()
-        if self._first_error is not None:
-            raise self._first_error
-        return self._first_output
-
-    def input(self, content: object, delivery: str = "followup", **options: object) -> int:
-        """Queue a follow-up prompt; its result goes to the parent's notification route.
-
-        Args:
-            content: the prompt (converted with ``str``).
-            delivery: ``"followup"``, ``"steer"`` or ``"stdin"``; all queue a new turn.
-            options: accepted for the resident protocol and ignored.
-
-        Returns:
-            The number of prompts queued behind the child's current work (0 when this
-            one was taken at once).
-
-        Raises:
-            ChildDisposedError: the child has been disposed.
-        """
-        try:
-            self._send.send_nowait(str(content))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ChildDisposedError("Sub-agent has been disposed") from None
-        return self._send.statistics().current_buffer_used
-
-    def stop(self) -> None:
-        """Cancel the running turn, if any; the child stays resident for follow-ups."""
-        if self._turn_scope is not None:
-            self._turn_scope.cancel()
-
-    def dispose(self) -> None:
-        """Stop the child for good: cancel its turn, refuse input, and unbind it."""
-        if self.dispose_event.is_set():
-            return
-        self.dispose_event.set()
-        self._send.close()
-        self.stop()
-        for unbind in reversed(self._unbind):
-            unbind()
-        self._unbind.clear()
-        if not self._first.is_set():
-            self._first_error = ChildStoppedError("Sub-agent was disposed before it answered")
-            self._first.set()
-
-    async def _live(self, prompt: str) -> None:
-        token = _session.set(self.session_id)
-        try:
-            async with self._inbox:
-                if self.dispose_event.is_set():
-                    return  # disposed before this task even started
-                await self._turn(prompt)
-                async for next_prompt in self._inbox:
-                    await self._turn(next_prompt)
-        finally:
-            _session.reset(token)
-            self.dispose()
-
-    async def _turn(self, prompt: str) -> None:
-        first = self._turns == 0
-        output: object = None
-        error: BaseException | None = None
-        with anyio.CancelScope() as scope:
-            self._turn_scope = scope
-            try:
-                async with self._tree.coordinator.permit(self.tuple):
-                    run = await self._agent.run(prompt, message_history=self._history)
-                self._history = run.all_messages()
-                output = run.output
-            except Exception as exc:
-                error = exc
-        self._turn_scope = None
-        if scope.cancelled_caught:
-            error = ChildStoppedError("Sub-agent was stopped before it answered")
-        self._turns += 1
-        if first and not self._first.is_set():  # dispose() may have settled it already
-            self._first_output, self._first_error = output, error
-            self._first.set()
-            if self._awaited:
-                return  # the waiting parent receives it directly
-        if not self.dispose_event.is_set():
-            await self._tree._deliver(self, error if error is not None else output)
-
-
 @final
 class AgentTree:
     """Runs pydantic-ai agents as sessions that may start sub-agents (see the module doc).
 
     Use it as an async context manager: children run as tasks of it and are disposed when
-    it exits.
+    it exits. An exception leaving the ``async with`` body leaves it as it is (never
+    wrapped in an exception group).
 
     Args:
         coordinator: defaults to the process-global ``get_agent_coordinator()``.
         max_depth: the deepest a child may be (a root is depth 0), an int ≥ 0.
-        handler: the limit handler for the models it wraps; defaults to a new one.
+        max_residents: the most kept children alive at once, an int ≥ 0.
+        handler: the limit handler for the models it wraps; defaults to the
+            coordinator's shared one (``ProviderLimitHandler.for_coordinator``).
 
     Raises:
-        InvalidArgumentError: ``max_depth`` is not an int ≥ 0.
+        InvalidArgumentError: ``max_depth`` or ``max_residents`` is not an int ≥ 0.
     """
 
     def __init__(
@@ -248,21 +103,39 @@ class AgentTree:
         coordinator: AgentCoordinator | None = None,
         *,
         max_depth: int = 2,
+        max_residents: int = 16,
         handler: ProviderLimitHandler | None = None,
     ) -> None:
         if type(max_depth) is not int or max_depth < 0:
             raise InvalidArgumentError("max_depth must be a nonnegative integer")
+        if type(max_residents) is not int or max_residents < 0:
+            raise InvalidArgumentError("max_residents must be a nonnegative integer")
         self.coordinator = coordinator if coordinator is not None else get_agent_coordinator()
         self.max_depth = max_depth
-        self.handler = handler if handler is not None else ProviderLimitHandler(self.coordinator)
+        self.max_residents = max_residents
+        self.handler = (
+            handler
+            if handler is not None
+            else ProviderLimitHandler.for_coordinator(self.coordinator)
+        )
         self._ids = itertools.count(1)
-        self._children: dict[str, ChildAgent] = {}
+        self._uses = itertools.count(1)
+        # Invariants: every live child is in _children and in _children_of[its parent];
+        # a disposed child is in neither (its unbind list forgets it).
+        self._children: dict[str, ChildAgent[Any]] = {}
+        self._children_of: dict[str, list[ChildAgent[Any]]] = {}
+        self._last_used: dict[str, int] = {}
         self._undelivered: list[ParentNotification] = []
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._entered = False
 
     async def __aenter__(self) -> AgentTree:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        if self._entered:
+            raise UsageError("This AgentTree has already been entered")
+        self._entered = True
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
         return self
 
     async def __aexit__(
@@ -270,22 +143,37 @@ class AgentTree:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        if task_group is None:
+            return
         for child in list(self._children.values()):
             child.dispose()
-        assert self._task_group is not None
-        try:
-            return await self._task_group.__aexit__(exc_type, exc, tb)
-        finally:
-            self._task_group = None
+        # The children contain their own failures, so the group ends with nothing to
+        # raise of its own; the body's exception is not handed to it, so it propagates
+        # as it is, never wrapped in an exception group.
+        task_group.cancel_scope.cancel()
+        await task_group.__aexit__(None, None, None)
 
-    def wrap(self, model: Model, *, tuple: ModelTupleLike | None = None) -> CoordinatedModel:
+    def wrap(
+        self,
+        model: Model,
+        *,
+        tuple: ModelTupleLike | None = None,
+        reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+    ) -> CoordinatedModel:
         """``model`` as a :class:`CoordinatedModel` on this tree's coordinator and handler."""
         return CoordinatedModel(
-            model, coordinator=self.coordinator, tuple=tuple, handler=self.handler
+            model,
+            coordinator=self.coordinator,
+            tuple=tuple,
+            handler=self.handler,
+            reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
         )
 
-    def children(self) -> Sequence[ChildAgent]:
+    def children(self) -> Sequence[ChildAgent[Any]]:
         """The live children, in the order they were started."""
         return tuple(self._children.values())
 
@@ -293,28 +181,71 @@ class AgentTree:
         """Notifications whose parent had no route bound when they were delivered."""
         return tuple(self._undelivered)
 
+    @overload
     async def run(
         self,
-        agent: Agent[None, Any],
+        agent: Agent[None, OutputT],
         prompt: str,
         *,
         session_id: str,
+        deps: None = None,
+        usage_limits: UsageLimits | None = None,
+        model_settings: ModelSettings | None = None,
+        message_history: Sequence[ModelMessage] | None = None,
         allow_agents: bool = True,
         tuple: ModelTupleLike | None = None,
         on_notification: Route | None = None,
+    ) -> OutputT: ...
+
+    @overload
+    async def run(
+        self,
+        agent: Agent[DepsT, OutputT],
+        prompt: str,
+        *,
+        session_id: str,
+        deps: DepsT,
+        usage_limits: UsageLimits | None = None,
+        model_settings: ModelSettings | None = None,
         message_history: Sequence[ModelMessage] | None = None,
-    ) -> Any:
+        allow_agents: bool = True,
+        tuple: ModelTupleLike | None = None,
+        on_notification: Route | None = None,
+    ) -> OutputT: ...
+
+    async def run(
+        self,
+        agent: Agent[Any, OutputT],
+        prompt: str,
+        *,
+        session_id: str,
+        deps: Any = None,
+        usage_limits: UsageLimits | None = None,
+        model_settings: ModelSettings | None = None,
+        message_history: Sequence[ModelMessage] | None = None,
+        allow_agents: bool = True,
+        tuple: ModelTupleLike | None = None,
+        on_notification: Route | None = None,
+    ) -> OutputT:
         """Run a root session (depth 0) under a permit and return the agent's output.
+
+        Its children that were not kept are disposed when it returns (or raises).
 
         Args:
             agent: the agent; its model should be a :class:`CoordinatedModel` (:meth:`wrap`).
             prompt: the user prompt.
             session_id: the session's id (its context and route key).
+            deps, usage_limits, model_settings: passed to ``agent.run``.
+            message_history: earlier messages of the conversation.
             allow_agents: whether it may start sub-agents.
             tuple: the tuple its permit is for; by default the agent model's.
             on_notification: bound as its notification route while it runs.
-            message_history: earlier messages of the conversation.
+
+        Raises:
+            UsageError: the tree is not running (not entered with ``async with``).
         """
+        if self._task_group is None:
+            raise UsageError(_NOT_RUNNING)
         t = _agent_tuple(agent, tuple)
         unbinds = [
             self.coordinator.bind_session_context(session_id, SessionContext(0, allow_agents))
@@ -324,46 +255,68 @@ class AgentTree:
         token = _session.set(session_id)
         try:
             async with self.coordinator.permit(t):
-                result = await agent.run(prompt, message_history=message_history)
+                result = await agent.run(
+                    prompt,
+                    message_history=message_history,
+                    deps=deps,
+                    usage_limits=usage_limits,
+                    model_settings=model_settings,
+                )
             return result.output
         finally:
             _session.reset(token)
+            self._run_ended(session_id)
             for unbind in reversed(unbinds):
                 unbind()
 
     def start(
         self,
-        agent: Agent[None, Any],
+        agent: Agent[Any, OutputT],
         prompt: str,
         *,
+        deps: Any = None,
+        usage_limits: UsageLimits | None = None,
+        model_settings: ModelSettings | None = None,
         allow_agents: bool = True,
         tuple: ModelTupleLike | None = None,
-    ) -> ChildAgent:
+        keep: bool = True,
+    ) -> ChildAgent[OutputT]:
         """Start a child of the current session, detached: its results arrive by notification.
 
+        Kept (``keep=True``) by default, so it outlives the parent's run; see the module
+        docstring for how long children live.
+
         Raises:
-            SpawnRefusedError: no current session, it may not start agents, or the child
-                would be deeper than ``max_depth``.
+            UsageError: the tree is not running, or this task runs in no session of it.
+            SpawnRefusedError: the session may not start agents, the child would be
+                deeper than ``max_depth``, or no room is left among ``max_residents``.
         """
-        return self._spawn(agent, prompt, allow_agents=allow_agents, tuple=tuple, awaited=False)
+        options = RunOptions(deps, usage_limits, model_settings)
+        return self._spawn(agent, prompt, options, allow_agents, tuple, keep, awaited=False)
 
     async def ask(
         self,
-        agent: Agent[None, Any],
+        agent: Agent[Any, OutputT],
         prompt: str,
         *,
+        deps: Any = None,
+        usage_limits: UsageLimits | None = None,
+        model_settings: ModelSettings | None = None,
         allow_agents: bool = True,
         tuple: ModelTupleLike | None = None,
-    ) -> object:
+        keep: bool = False,
+    ) -> OutputT:
         """Start a child of the current session and wait for its first answer.
 
-        The current permit is lent while waiting. The child stays resident afterwards.
+        The current permit is lent while waiting. The child takes follow-ups until the
+        parent's run ends (or for good with ``keep=True``).
 
         Raises:
-            SpawnRefusedError: as for :meth:`start`.
-            Exception: whatever the child's turn raised.
+            UsageError, SpawnRefusedError: as for :meth:`start`.
+            Exception: whatever the child's turn raised (see :meth:`ChildAgent.result`).
         """
-        child = self._spawn(agent, prompt, allow_agents=allow_agents, tuple=tuple, awaited=True)
+        options = RunOptions(deps, usage_limits, model_settings)
+        child = self._spawn(agent, prompt, options, allow_agents, tuple, keep, awaited=True)
         try:
             return await self.coordinator.with_lent_permit(child.result)
         finally:
@@ -375,15 +328,19 @@ class AgentTree:
         *,
         name: str = "delegate",
         description: str = "Give a task to a sub-agent and wait for its answer.",
+        keep: bool = False,
     ) -> Tool[Any]:
         """A pydantic-ai tool that asks a child ``agent`` and returns its answer as text.
 
-        A refusal or a failed child comes back as text too, so the parent's model can react.
+        A refusal or a failed child comes back as text, so the parent's model can react;
+        misuse of the tree (a :class:`~lovely_coordinator.UsageError`) is raised.
         """
 
         async def delegate(task: str) -> str:
             try:
-                return str(await self.ask(agent, task))
+                return str(await self.ask(agent, task, keep=keep))
+            except UsageError:
+                raise  # a programmer's error, not something for the model to handle
             except SpawnRefusedError as exc:
                 return f"Refused: {exc}"
             except Exception as exc:
@@ -393,27 +350,39 @@ class AgentTree:
 
     def _spawn(
         self,
-        agent: Agent[None, Any],
+        agent: Agent[Any, OutputT],
         prompt: str,
-        *,
+        options: RunOptions,
         allow_agents: bool,
-        tuple: ModelTupleLike | None,
+        explicit: ModelTupleLike | None,
+        keep: bool,
+        *,
         awaited: bool,
-    ) -> ChildAgent:
-        if self._task_group is None:
-            raise SpawnRefusedError("AgentTree is not running: use it as an async context manager")
+    ) -> ChildAgent[OutputT]:
+        task_group = self._task_group
+        if task_group is None:
+            raise UsageError(_NOT_RUNNING)
         parent_id = _session.get()
         parent = self.coordinator.get_session_context(parent_id) if parent_id else None
         if parent_id is None or parent is None:
-            raise SpawnRefusedError("No managed session: start the parent with AgentTree.run")
+            raise UsageError("No session of this AgentTree: start the parent with tree.run")
         if not parent.allow_agents:
             raise SpawnRefusedError("Sub-agents are not allowed in this session")
         if parent.depth + 1 > self.max_depth:
             raise SpawnRefusedError(f"Sub-agent depth limit reached (max_depth={self.max_depth})")
-        t = _agent_tuple(agent, tuple)
+        t = _agent_tuple(agent, explicit)
+        if keep:
+            self._make_room()
         child_id = f"{parent_id}/{next(self._ids)}"
         child = ChildAgent(
-            self, agent, session_id=child_id, parent_id=parent_id, depth=parent.depth + 1, tuple=t
+            self,
+            agent,
+            options,
+            session_id=child_id,
+            parent_id=parent_id,
+            depth=parent.depth + 1,
+            tuple=t,
+            kept=keep,
         )
         child._awaited = awaited
         context = SessionContext(parent.depth + 1, allow_agents, dispose=child.dispose_event)
@@ -422,16 +391,46 @@ class AgentTree:
             coordinator.bind_session_context(child_id, context),
             coordinator.bind_resident(child_id, child),
             coordinator.bind_notification_route(child_id, _steer_into(child)),
-            lambda: self._forget(child_id),
+            lambda: self._forget(child),
         ]
         self._children[child_id] = child
-        self._task_group.start_soon(child._live, prompt, name=f"sub-agent {child_id}")
+        self._children_of.setdefault(parent_id, []).append(child)
+        self._touch(child)
+        task_group.start_soon(_in_session, child, prompt, name=f"sub-agent {child_id}")
         return child
 
-    def _forget(self, child_id: str) -> None:
-        self._children.pop(child_id, None)
+    def _make_room(self) -> None:
+        kept = [c for c in self._children.values() if c.kept]
+        if len(kept) < self.max_residents:
+            return
+        idle = [c for c in kept if c.idle]
+        if not idle:
+            raise SpawnRefusedError(
+                f"Too many resident sub-agents are busy (max_residents={self.max_residents})"
+            )
+        oldest = min(idle, key=lambda c: self._last_used.get(c.session_id, 0))
+        _log.info("disposing idle resident sub-agent %s to make room", oldest.session_id)
+        oldest.dispose()
 
-    async def _deliver(self, child: ChildAgent, content: object) -> None:
+    def _touch(self, child: ChildAgent[Any]) -> None:
+        self._last_used[child.session_id] = next(self._uses)
+
+    def _run_ended(self, session_id: str) -> None:
+        """A run of ``session_id`` ended: its children that were not kept go."""
+        for child in list(self._children_of.get(session_id, ())):
+            if not child.kept:
+                child.dispose()
+
+    def _forget(self, child: ChildAgent[Any]) -> None:
+        self._children.pop(child.session_id, None)
+        self._last_used.pop(child.session_id, None)
+        siblings = self._children_of.get(child.parent_id)
+        if siblings is not None:
+            siblings.remove(child)
+            if not siblings:
+                del self._children_of[child.parent_id]
+
+    async def _deliver(self, child: ChildAgent[Any], content: object) -> None:
         notification = ParentNotification(
             id=f"{child.session_id}#{child.turns}", task_ref=child.session_id, content=content
         )
@@ -448,14 +447,20 @@ class AgentTree:
             _log.exception("notification route of %s failed", child.parent_id)
 
 
-def _steer_into(child: ChildAgent) -> Route:
+async def _in_session(child: ChildAgent[Any], prompt: str) -> None:
+    # The task's context is a copy of the spawner's: set the child's own session in it.
+    _session.set(child.session_id)
+    await child._live(prompt)
+
+
+def _steer_into(child: ChildAgent[Any]) -> Route:
     def steer(notification: ParentNotification) -> None:
         child.input(f"[{notification.task_ref}] {notification.content}", "steer")
 
     return steer
 
 
-def _agent_tuple(agent: Agent[None, Any], explicit: ModelTupleLike | None) -> ModelTuple:
+def _agent_tuple(agent: Agent[Any, Any], explicit: ModelTupleLike | None) -> ModelTuple:
     if explicit is not None:
         return as_model_tuple(explicit)
     model = agent.model
@@ -463,4 +468,4 @@ def _agent_tuple(agent: Agent[None, Any], explicit: ModelTupleLike | None) -> Mo
         return model.tuple
     if isinstance(model, Model):
         return tuple_of(model)
-    raise SpawnRefusedError("The agent has no model instance: pass tuple=(provider, model)")
+    raise InvalidArgumentError("The agent has no model instance: pass tuple=(provider, model)")
