@@ -10,7 +10,8 @@ _USAGE = """\
 usage: python -m lovely_coordinator COMMAND [ARGS...]
 
 commands:
-  demo     run a short simulated agent fleet (no network) and print what happened
+  demo     run a short simulated agent fleet (no network) and print what happened;
+           --replicas 3: across 3 processes sharing a throwaway Valkey
   bench    run the benchmarks (python -m lovely_coordinator bench --help)
   top      watch a coordinator's serve_statistics() endpoint live (top URL)
 """

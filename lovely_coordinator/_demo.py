@@ -256,10 +256,23 @@ def main(argv: list[str]) -> int:
         help="watch the fleet live (python -m lovely_coordinator top), slowed down 3x "
         "unless --scale is given; needs lovely-coordinator[top]",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="run it across this many processes on a throwaway Valkey (see _demo_replicas)",
+    )
     args = parser.parse_args(argv)
     scale = args.scale if args.scale is not None else 3.0 if args.top else 1.0
     if not scale > 0:
         parser.error("--scale must be positive")
+    if args.replicas is not None:
+        if not 2 <= args.replicas <= 8:
+            parser.error("--replicas must be from 2 to 8")
+        if args.top:
+            parser.error("--top watches one process: it does not combine with --replicas")
+        from ._demo_replicas import main as across_replicas
+
+        return across_replicas(args.replicas, scale)
     if args.top:
         from ._top import demo_top
 

@@ -28,7 +28,8 @@ whose meaning it shares::
     ├── TurnInterrupted                        turns: cancelled by an interrupt or shutdown
     ├── TurnDropped                            turns: run(): dropped before it started
     ├── LeaseLostError                         turns: the lease was lost while running
-    └── StaleFenceError                        redis: a write under a superseded fence
+    ├── StaleFenceError                        redis: a write under a superseded fence
+    └── UnsupportedServerError                 redis: the server is too old
 
 Cancellation is never wrapped: it is the backend's own exception, always.
 
@@ -73,10 +74,11 @@ __all__ = [
     "TupleSuspendedError",
     "TurnDropped",
     "TurnInterrupted",
+    "UnsupportedServerError",
     "UsageError",
 ]
 
-ERRORS_VERSION: Final = 3
+ERRORS_VERSION: Final = 4
 """The shape of this tree (names, bases, constructors). Bumped whenever any of it changes."""
 
 SENTINEL_KEY: Final = "__lovely_coordinator_process_global_errors__"
@@ -281,6 +283,29 @@ class StaleFenceError(CoordinatorError):
 
     def __reduce__(self) -> tuple[type[StaleFenceError], tuple[int, int]]:
         return type(self), (self.fence, self.high_water)
+
+
+class UnsupportedServerError(CoordinatorError):
+    """The Redis server is older than the oldest version the scripts support.
+
+    Raised at the first use of a client, before anything is written. The message names the
+    version found.
+
+    Attributes:
+        server: ``"Redis"``, ``"Valkey"``, or the name the server reports itself by.
+        version: the version it reports.
+    """
+
+    def __init__(self, server: str, version: str) -> None:
+        super().__init__(
+            f"{server} {version} is not supported: lovely_coordinator.redis needs "
+            "Redis >= 7.0 or Valkey >= 7.2"
+        )
+        self.server = server
+        self.version = version
+
+    def __reduce__(self) -> tuple[type[UnsupportedServerError], tuple[str, str]]:
+        return type(self), (self.server, self.version)
 
 
 # -- one set of classes per process ----------------------------------------------------------

@@ -1,17 +1,39 @@
-"""Coordination across server replicas on Redis >= 7 or Valkey >= 8 (asyncio-only).
+"""Coordination across server replicas on Redis >= 7 or Valkey >= 7.2 (asyncio-only).
 
 Needs the ``redis`` extra (redis-py's asyncio client, with hiredis)::
 
-    client = redis.asyncio.Redis.from_url(url)
+    client = redis.asyncio.Redis.from_url(url, retry=Retry(ExponentialWithJitterBackoff(), 3))
     async with TurnRegistry(locker=RedisLocker(client)) as turns: ...
 
 * :class:`RedisLocker` / :class:`RedisLease`: per-conversation leases with fencing tokens.
-* :class:`FencedLog` / :class:`StaleFenceError`: a store that refuses stale holders' writes.
+* :class:`FencedLog` / :class:`StaleFenceError`: a store that refuses stale holders' writes,
+  with fenced reads (``entries(fence=f)``, ``claim(f)``) for read-modify-writes.
 * :class:`RedisGates`: provider/model gates shared by every replica's coordinator.
-* :class:`RedisPermitPool`: a cluster-wide FIFO cap.
+* :class:`RedisPermitPool` / :class:`RedisPermit`: a cluster-wide FIFO cap.
+* :class:`UnsupportedServerError`: the server is older than Redis 7.0 / Valkey 7.2.
+
+**Retries.** ``Redis.from_url()`` clients of redis-py 8 do not retry a command at all (a
+``Redis(host=...)`` client retries up to 10 times), so the first command after a server
+restart or a dropped connection fails; pass ``retry=`` as above (from
+``redis.asyncio.retry`` and ``redis.backoff``). The scripts are written so that a retried
+command never acts twice.
+
+**Restarts.** A server restarted without persistence has forgotten every lease and
+permit while their holders may still be running, so for a ttl after it starts it grants
+nothing from an object it holds no state for (a quiet period, logged at WARNING); fences
+keep increasing, and the gates' closures are restored by the replicas that know them. A
+server that has been up longer than a ttl grants new objects at once. To skip the quiet
+period on a server you *know* is new (nothing was ever granted by an earlier boot), set
+the key ``lovely-coordinator:fresh-boot`` to the ``run_id`` that ``INFO server`` reports.
+
+Every key of an object shares one hash tag, and ids are escaped so that no two objects
+ever share a key, whatever characters their prefixes and ids contain. The scripts read
+``INFO server`` (the version once per client; the uptime when they meet an object they
+have no state for), so the server must allow ``INFO`` to the client's user.
 """
 
 from ._errors import StaleFenceError as StaleFenceError
+from ._errors import UnsupportedServerError as UnsupportedServerError
 from ._redis.fenced_log import FencedLog as FencedLog
 from ._redis.gates import RedisGates as RedisGates
 from ._redis.locker import RedisLease as RedisLease
@@ -27,4 +49,5 @@ __all__ = [
     "RedisPermit",
     "RedisPermitPool",
     "StaleFenceError",
+    "UnsupportedServerError",
 ]

@@ -31,9 +31,9 @@ def redis_server() -> Iterator[ThrowawayServer]:
 
 @pytest_asyncio.fixture
 async def redis_client(redis_server: ThrowawayServer) -> AsyncIterator[Any]:
-    """A client on the shared server, which is flushed first."""
+    """A client on the shared server, which is flushed (and declared fresh) first."""
+    redis_server.flush()
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    await client.flushall()
     yield client
     await client.aclose()
 

@@ -3,8 +3,18 @@
 Each mode connects to the server at ``url``, does its part and reports on stdout, one JSON
 object per line, so the test can SIGKILL, SIGSTOP or wait for it at the right moment.
 
-* ``hold URL PREFIX CONV TTL``: acquire the lease, print ``{"fence": n}``, hold it until killed.
-* ``pool-hold URL NAME LIMIT TTL COUNT``: take COUNT permits, print their fences, hold them.
+* ``hold URL PREFIX CONV TTL``: acquire the lease, print ``{"fence": n}``, hold it until
+  killed, printing ``{"lost": t, "deadline": d}`` (loop time) if it is lost meanwhile:
+  when that was noticed, and the local deadline it could be shown held until.
+* ``pool-hold URL NAME LIMIT TTL COUNT``: take COUNT permits, print their fences, hold them
+  (printing ``{"lost": t, "deadline": d}`` when one is lost).
+* ``stall-rmw URL CONV TTL``: take the lease, read the FencedLog ``log`` under its fence and
+  print ``{"fence": n, "read": entries}``; on a line from stdin (the "model" answered),
+  append ``str(entries + 1)`` under the same fence whatever happened to the lease, and
+  print ``{"append": "ok" | error class name}``.
+* ``exit-holding URL TTL RUNS``: RUNS times, ``asyncio.run()`` a program that takes a lease
+  and returns at a random moment while still holding it; print ``{"runs": RUNS}`` at the
+  end (a run whose loop never closes leaves the parent waiting).
 * ``pool-run URL NAME LIMIT TTL TASKS``: TASKS tasks each take one permit; inside it they
   INCR a shared counter (recording the value: the number of holders at that moment), pause
   briefly, DECR it. Prints ``{"grants": [[fence, ticket, holders], ...]}`` at the end.
@@ -25,11 +35,14 @@ import asyncio
 import contextlib
 import json
 import random
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from lovely_coordinator.redis import FencedLog, RedisLocker, RedisPermitPool, StaleFenceError
 from lovely_coordinator.turns import CoordinationUnavailableError, Job, TurnRegistry
@@ -39,15 +52,35 @@ def report(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def connect(url: str) -> redis.asyncio.Redis:
+    """A client that retries a command whose connection broke (as the README shows)."""
+    return redis.asyncio.Redis.from_url(
+        url, retry=Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.01), 3)
+    )
+
+
+async def report_loss(*grants: Any) -> None:
+    """Report each grant's loss: when it was noticed, and the deadline it was valid until."""
+    async with anyio.create_task_group() as tg:
+        for grant in grants:
+
+            async def wait(grant: Any = grant) -> None:
+                await grant.lost.wait()
+                report(lost=anyio.current_time(), deadline=grant._renewer._deadline)
+
+            tg.start_soon(wait)
+
+
 async def hold(args: argparse.Namespace) -> None:
-    client = redis.asyncio.Redis.from_url(args.url)
+    client = connect(args.url)
     lease = await RedisLocker(client, ttl=args.ttl, prefix=args.prefix).acquire(args.conv)
     report(fence=lease.fence)
+    await report_loss(lease)
     await asyncio.sleep(3600)
 
 
 def pool(args: argparse.Namespace) -> tuple[Any, RedisPermitPool]:
-    client = redis.asyncio.Redis.from_url(args.url)
+    client = connect(args.url)
     return client, RedisPermitPool(client, name=args.name, limit=args.limit, ttl=args.ttl)
 
 
@@ -55,7 +88,38 @@ async def pool_hold(args: argparse.Namespace) -> None:
     _, permits = pool(args)
     held = [await permits.acquire() for _ in range(args.count)]
     report(fences=[p.fence for p in held])
+    await report_loss(*held)
     await asyncio.sleep(3600)
+
+
+async def stall_rmw(args: argparse.Namespace) -> None:
+    client = connect(args.url)
+    lease = await RedisLocker(client, ttl=args.ttl).acquire(args.conv)
+    log = FencedLog(client, "log")
+    entries = len(await log.entries(fence=lease.fence))
+    report(fence=lease.fence, read=entries)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    try:
+        await log.append(lease.fence, str(entries + 1))
+    except StaleFenceError as exc:
+        report(append=type(exc).__name__)
+    else:
+        report(append="ok")
+
+
+def exit_holding(args: argparse.Namespace) -> None:
+    rng = random.Random(0)
+
+    async def one_run() -> None:
+        # Neither the lease nor the client is closed: the loop's shutdown must stop both.
+        client = redis.asyncio.Redis.from_url(args.url)
+        await RedisLocker(client, ttl=args.ttl).acquire("c")
+        # Return (the loop shuts down) at some moment of the renewal cycle.
+        await asyncio.sleep(rng.uniform(0, 3 * args.ttl))
+
+    for _ in range(args.runs):
+        asyncio.run(one_run())
+    report(runs=args.runs)
 
 
 async def pool_run(args: argparse.Namespace) -> None:
@@ -81,8 +145,8 @@ async def pool_run(args: argparse.Namespace) -> None:
 async def registry(args: argparse.Namespace) -> AsyncIterator[tuple[TurnRegistry, FencedLog]]:
     """A turn registry on the lock server and the log on the store; clients closed after."""
     async with (
-        redis.asyncio.Redis.from_url(args.url) as lock_client,
-        redis.asyncio.Redis.from_url(args.store_url) as store_client,
+        connect(args.url) as lock_client,
+        connect(args.store_url) as store_client,
     ):
         locker = RedisLocker(lock_client, ttl=args.ttl)
         yield TurnRegistry(locker=locker), FencedLog(store_client, "log")
@@ -176,13 +240,25 @@ def main() -> None:
         if mode == "turns":
             p.add_argument("turns", type=int)
             p.add_argument("name")
+    p = modes.add_parser("stall-rmw")
+    p.add_argument("url")
+    p.add_argument("conv")
+    p.add_argument("ttl", type=float)
+    p = modes.add_parser("exit-holding")
+    p.add_argument("url")
+    p.add_argument("ttl", type=float)
+    p.add_argument("runs", type=int)
     args = parser.parse_args()
+    if args.mode == "exit-holding":
+        exit_holding(args)
+        return
     run = {
         "hold": hold,
         "pool-hold": pool_hold,
         "pool-run": pool_run,
         "turns": turns,
         "stale": stale,
+        "stall-rmw": stall_rmw,
     }[args.mode]
     asyncio.run(run(args))
 

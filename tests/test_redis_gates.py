@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 import pytest
 import pytest_asyncio
+import redis
+import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -17,11 +19,15 @@ from redis.backoff import NoBackoff
 from lovely_coordinator import (
     AgentCoordinator,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     ModelTuple,
     create_agent_coordinator,
 )
+from lovely_coordinator._errors import UsageError
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisGates
+
+from .redis_helpers import RECONNECTING
 
 SLOW = ModelTuple("openai", "gpt-x")
 OTHER = ModelTuple("anthropic", "claude-y")
@@ -212,12 +218,16 @@ async def test_unreachable_redis_at_start_fails_the_entry_and_leaves_nothing_run
 
 
 @pytest.mark.asyncio
-async def test_bad_reopen_after_changes_nothing(replicas: list[Replica], redis_client: Any) -> None:
+@pytest.mark.parametrize("reopen_after", [-1, math.nan, math.inf, 1e306, 10**400, True, "5"])
+async def test_bad_reopen_after_changes_nothing(
+    replicas: list[Replica], redis_client: Any, reopen_after: Any
+) -> None:
     a, _ = replicas
     with anyio.fail_after(5):
-        with pytest.raises(InvalidArgumentError):
-            await a.gates.close_tuple(SLOW, reopen_after=-1)
-        assert a.coordinator.is_tuple_open(SLOW)
+        message = r"^reopen_after must be a number of seconds from 0 to 1e9$"
+        with pytest.raises(InvalidArgumentError, match=message):
+            await a.gates.close_tuple(SLOW, reopen_after=reopen_after)
+        assert a.coordinator.is_tuple_open(SLOW)  # not even the local gate
         assert await redis_client.zcard("lovely:{gates}:closed") == 0
 
 
@@ -239,11 +249,71 @@ async def test_malformed_state_and_messages_are_ignored(
 
 @pytest.mark.asyncio
 async def test_entering_twice_is_refused(replicas: list[Replica]) -> None:
-    with anyio.fail_after(5), pytest.raises(RuntimeError, match="already entered"):
+    with anyio.fail_after(5), pytest.raises(UsageError, match="already entered"):
         await replicas[0].gates.__aenter__()
 
 
-@pytest.mark.parametrize("interval", [0, -1, math.inf, math.nan])
-def test_bad_resync_interval(interval: float) -> None:
+@pytest.mark.parametrize("interval", [0, -1, math.inf, math.nan, 1e16])
+def test_bad_resync_interval(redis_client: Any, interval: float) -> None:
     with pytest.raises(InvalidArgumentError, match=r"^resync_interval must be a positive number"):
-        RedisGates(object(), create_agent_coordinator(), resync_interval=interval)
+        RedisGates(redis_client, create_agent_coordinator(), resync_interval=interval)
+
+
+@pytest.mark.parametrize("coordinator", [None, "coordinator", object()])
+def test_a_coordinator_that_is_not_an_agent_coordinator_is_refused(
+    redis_client: Any, coordinator: Any
+) -> None:
+    with pytest.raises(InvalidArgumentTypeError, match=r"^coordinator must be an AgentCoordinator"):
+        RedisGates(redis_client, coordinator)
+
+
+@pytest.mark.parametrize("client", [None, "redis://127.0.0.1:6379", redis.Redis()])
+def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any) -> None:
+    with pytest.raises(InvalidArgumentTypeError, match=r"^client must be a redis.asyncio.Redis"):
+        RedisGates(client, create_agent_coordinator())
+
+
+def test_gates_can_be_made_outside_an_event_loop() -> None:
+    # At import time, say; the background work starts when entered.
+    RedisGates(redis.asyncio.Redis.from_url("redis://127.0.0.1:1"), create_agent_coordinator())
+
+
+@pytest.mark.asyncio
+async def test_a_restart_without_persistence_never_shortens_a_closure(
+    redis_connect: Callable[..., Any],
+) -> None:
+    with ThrowawayServer() as server, anyio.fail_after(30):
+        a = Replica(redis_connect(server.url, **RECONNECTING), resync_interval=60)
+        b = Replica(redis_connect(server.url, **RECONNECTING), resync_interval=60)
+        async with a.gates, b.gates:
+            await a.gates.close_tuple(SLOW, reopen_after=20)
+            await closed_within(b.coordinator, SLOW, 0.5)
+            reopens = [r.coordinator.tuple_reopens_at(SLOW) for r in (a, b)]
+            server.restart()  # every closure forgotten by the server
+            restarted_at = anyio.current_time()
+            # The replicas notice (their subscriptions broke), resync, find the gate set
+            # gone, and put back what they know: a replica started now sees the closure.
+            late = Replica(redis_connect(server.url, **RECONNECTING))
+            while True:
+                async with late.gates:
+                    if not late.coordinator.is_tuple_open(SLOW):
+                        break
+                await anyio.sleep(0.05)
+            assert anyio.current_time() - restarted_at < 5  # the reconnect bound
+            for replica, before in zip((a, b), reopens, strict=True):
+                after = replica.coordinator.tuple_reopens_at(SLOW)
+                assert after is not None
+                assert before is not None
+                assert after >= before - 0.01  # never shortened, on any replica
+            reopens_at = late.coordinator.tuple_reopens_at(SLOW)
+            assert reopens_at is not None
+            assert reopens_at - anyio.current_time() > 15
+
+
+@pytest.mark.anyio
+async def test_under_trio_the_error_says_asyncio_only(anyio_backend: str) -> None:
+    client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1")
+    if anyio_backend == "asyncio":
+        return
+    with pytest.raises(UsageError, match=r"asyncio-only .* cannot be used under trio"):
+        RedisGates(client, create_agent_coordinator())

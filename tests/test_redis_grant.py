@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -14,25 +16,32 @@ from lovely_coordinator._redis import scripts
 from lovely_coordinator._redis.grant import Grant, wait_for_grant
 from lovely_coordinator._redis.subscriber import Watch
 
-GRANTED, WAITING = scripts.GRANTED, scripts.WAITING
+GRANTED, WAITING, QUIET = scripts.GRANTED, scripts.WAITING, scripts.QUIET
 
 
 class Script:
     """Answers attempts from a list of replies and records what the waiter did."""
 
-    def __init__(self, *replies: Sequence[int]) -> None:
+    def __init__(self, *replies: Sequence[Any], delays: Sequence[float] = ()) -> None:
         self.replies = list(replies)
+        self.delays = list(delays)  # how long each reply takes to arrive
         self.attempts: list[float] = []
         self.watch: Watch | None = None
         self.subscribed = 0
         self.cleaned_up = 0
+        self.given_back: list[Sequence[Any]] = []
+        self.quiet: list[tuple[int, str]] = []
+        self.declared_fresh = False
         self.parked = anyio.Event()
 
-    async def attempt(self) -> Sequence[int]:
+    async def attempt(self) -> Sequence[Any]:
         self.attempts.append(anyio.current_time())
         if len(self.attempts) > 2:
             self.parked.set()
-        return self.replies.pop(0)
+        reply = self.replies.pop(0)
+        if self.delays:
+            await anyio.sleep(self.delays.pop(0))
+        return reply
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[Watch]:
@@ -46,15 +55,24 @@ class Script:
     async def clean_up(self) -> None:
         self.cleaned_up += 1
 
+    async def give_back(self, reply: Sequence[Any]) -> None:
+        self.given_back.append(reply)
+
+    async def on_quiet(self, remaining_ms: int, run_id: str) -> bool:
+        self.quiet.append((remaining_ms, run_id))
+        return self.declared_fresh
+
     async def run(
-        self, recheck: float = 5.0, subscribed: bool = False
+        self, recheck: float = 5.0, subscribed: bool = False, ttl: float = 1.0
     ) -> tuple[Sequence[Any], float]:
         return await wait_for_grant(
             self.attempt,
             self.watching,
             self.clean_up,
+            give_back=self.give_back,
+            on_quiet=self.on_quiet,
             subscribed=lambda: subscribed,
-            bound=1.0,
+            ttl=ttl,
             recheck=recheck,
             what="test",
         )
@@ -194,3 +212,98 @@ async def test_already_subscribed_waiter_parks_after_one_refusal_and_learns_its_
             assert script.watch.ticket == 9
             script.watch.event.set()
         assert len(script.attempts) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_grant_whose_ttl_ran_out_in_transit_is_given_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(5):
+        # The first reply takes longer than the ttl to arrive: the server may have given
+        # the grant to someone else by then. It must never be returned.
+        script = Script((GRANTED, 1, 1), (GRANTED, 2, 1), delays=[0.06, 0])
+        with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            reply, sent = await script.run(ttl=0.05)
+        assert list(reply) == [GRANTED, 2, 1]
+        assert script.given_back == [(GRANTED, 1, 1)]
+        assert script.attempts[0] < sent <= script.attempts[1]  # the valid one's send
+        assert script.cleaned_up == 0
+        assert "after its ttl had run out; given back" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_grant_in_time_is_kept_however_slow() -> None:
+    with anyio.fail_after(5):
+        # Slow, but well within the ttl counted from the send: a valid grant.
+        script = Script((GRANTED, 1), delays=[0.02])
+        reply, _ = await script.run(ttl=1.0)
+        assert list(reply) == [GRANTED, 1]
+        assert script.given_back == []
+
+
+@pytest.mark.asyncio
+async def test_a_quiet_period_is_waited_out_without_subscribing() -> None:
+    with anyio.fail_after(5):
+        script = Script((QUIET, 30, b"run-1"), (GRANTED, 5))
+        reply, _ = await script.run(recheck=5.0)
+        assert list(reply) == [GRANTED, 5]
+        assert script.quiet == [(30, "run-1")]
+        assert 0.03 <= script.attempts[1] - script.attempts[0] < 0.5  # at the period's end
+        assert script.watch is None  # nobody will publish: no subscription needed
+
+
+@pytest.mark.asyncio
+async def test_a_quiet_period_of_a_boot_declared_fresh_is_retried_at_once() -> None:
+    with anyio.fail_after(5):
+        script = Script((QUIET, 60_000, "run-1"), (GRANTED, 5))
+        script.declared_fresh = True
+        await script.run()
+        assert len(script.attempts) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_cancellation_swallowed_by_the_client_is_delivered_anyway() -> None:
+    # redis-py on Python 3.11 can swallow a native cancellation (asyncio.wait_for): the
+    # waiter must not carry on waiting as if nothing happened.
+    inside = asyncio.Event()
+    cleaned_up = 0
+
+    async def swallowing_attempt() -> Sequence[Any]:
+        inside.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+        return (WAITING, -1)
+
+    async def clean_up() -> None:
+        nonlocal cleaned_up
+        cleaned_up += 1
+
+    async def no_quiet(remaining_ms: int, run_id: str) -> bool:
+        raise AssertionError("unreachable")
+
+    async def nothing(reply: Sequence[Any]) -> None:
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def watching() -> AsyncIterator[Watch]:
+        yield Watch()
+
+    task = asyncio.ensure_future(
+        wait_for_grant(
+            swallowing_attempt,
+            watching,
+            clean_up,
+            give_back=nothing,
+            on_quiet=no_quiet,
+            subscribed=lambda: True,
+            ttl=1.0,
+            recheck=60.0,
+            what="test",
+        )
+    )
+    await inside.wait()
+    task.cancel()  # once, as asyncio.run() does at shutdown
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done, "the waiter outlived its cancellation"
+    assert task.cancelled()
+    assert cleaned_up == 1

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from lovely_coordinator import InvalidArgumentError
+from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._redis.child import running
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
-from lovely_coordinator.redis import RedisPermitPool
+from lovely_coordinator.redis import RedisPermit, RedisPermitPool
+
+from .redis_helpers import RECONNECTING, own_server, pool_key
+
+__all__ = ["own_server"]  # a fixture
 
 REPLICA = str(Path(__file__).with_name("redis_replica.py"))
-KEYS = "lovely:{pool:p}"
+KEYS = pool_key("p", "x").removesuffix(":x")
 
 
 async def queued(client: Any) -> int:
@@ -187,12 +195,27 @@ async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
         ({"name": "", "limit": 1}, "name must be a nonempty string"),
         ({"name": "p", "limit": 0}, "limit must be a positive integer"),
         ({"name": "p", "limit": True}, "limit must be a positive integer"),
-        ({"name": "p", "limit": 1, "ttl": 0}, "ttl must be a finite number of seconds >= 0.01"),
+        ({"name": "p", "limit": 1.0}, "limit must be a positive integer"),
+        ({"name": "p", "limit": 1, "ttl": 0}, r"ttl must be a number of seconds from 0\.01 to 1e9"),
+        (
+            {"name": "p", "limit": 1, "ttl": 1e16},
+            r"ttl must be a number of seconds from 0\.01 to 1e9",
+        ),
+        (
+            {"name": "p", "limit": 1, "ttl": math.nan},
+            r"ttl must be a number of seconds from 0\.01 to 1e9",
+        ),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+def test_bad_arguments(redis_client: Any, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"^{message}$"):
-        RedisPermitPool(object(), **kwargs)
+        RedisPermitPool(redis_client, **kwargs)
+
+
+@pytest.mark.parametrize("client", [None, "redis://127.0.0.1:6379", object()])
+def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any) -> None:
+    with pytest.raises(InvalidArgumentTypeError, match=r"^client must be a redis.asyncio.Redis"):
+        RedisPermitPool(client, name="p", limit=1)
 
 
 @pytest.mark.asyncio
@@ -208,3 +231,64 @@ async def test_an_announcement_before_the_ticket_is_known_still_wakes(redis_clie
             assert not watch.event.is_set()  # meant for earlier tickets only
             pool._on_announce("5")
             assert watch.event.is_set()
+
+
+@pytest.mark.asyncio
+async def test_a_restart_without_persistence_grants_nothing_while_old_permits_may_run(
+    own_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(30):
+        ttl, limit = 1.5, 2
+        argv = (REPLICA, "pool-hold", own_server.url, "p", str(limit), str(ttl), str(limit))
+        async with running(argv) as (holder,):
+            old_fences = (await holder.read())["fences"]
+            own_server.restart()  # the server forgets both permits; their holder runs on
+            restarted_at = anyio.current_time()
+            pool = RedisPermitPool(redis_connect(own_server.url, **RECONNECTING), name="p",
+                                   limit=limit, ttl=ttl)  # fmt: skip
+            permits = [await pool.acquire(), await pool.acquire()]
+            granted_at = anyio.current_time()
+            deadlines = [(await holder.read())["deadline"] for _ in range(limit)]
+        # Never more than the limit: both old permits had lapsed before the new grants.
+        assert max(deadlines) < granted_at
+        assert granted_at - restarted_at >= ttl - 0.25
+        assert min(p.fence for p in permits) > max(old_fences)
+        for permit in permits:
+            await permit.release()
+
+
+@pytest.mark.asyncio
+async def test_a_permit_that_arrives_after_its_ttl_is_never_returned(
+    redis_server: ThrowawayServer,
+    redis_client: Any,
+    redis_connect: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with anyio.fail_after(20):
+        ttl = 0.2
+        async with proxy_to(redis_server.port) as proxy:
+            slow = RedisPermitPool(redis_connect(proxy.url), name="p", limit=1, ttl=ttl)
+            await (await slow.acquire()).release()  # connections made, version checked
+            proxy.delay(0.3)  # replies only: granted at once, known 0.3 s later
+            other = RedisPermitPool(redis_client, name="p", limit=1, ttl=5)
+            returned: list[RedisPermit] = []
+
+            async def slow_acquire() -> None:
+                returned.append(await slow.acquire())
+
+            with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(slow_acquire)
+                    holder = await other.acquire()  # once the first grant lapsed
+                    while "after its ttl had run out" not in caplog.text:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
+                    assert not returned  # limit 1: never two holders
+                    proxy.heal()
+                    await anyio.sleep(0.05)
+                    assert not returned
+                    await holder.release()
+        (permit,) = returned
+        assert permit.fence > holder.fence
+        assert not permit.lost.is_set()
+        assert await redis_client.zcard(f"{KEYS}:holders") == 1
+        await permit.release()

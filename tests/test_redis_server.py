@@ -55,3 +55,22 @@ def test_a_bad_binary_fails_loudly() -> None:
     with pytest.raises(RuntimeError, match="exited at start"):
         server.start()
     server.close()
+
+
+def test_only_the_first_start_is_declared_fresh_and_a_flush_declares_again() -> None:
+    from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
+    from lovely_coordinator._redis.server import _command
+
+    def run_id(port: int) -> bytes:
+        info = _command(port, "INFO", "server").decode()
+        (value,) = [line[7:].strip() for line in info.splitlines() if line.startswith("run_id:")]
+        return value.encode()
+
+    with ThrowawayServer() as server:
+        assert _command(server.port, "GET", FRESH_BOOT_KEY) == run_id(server.port)
+        server.restart()  # what the quiet-period tests need: a boot nobody vouched for
+        assert _command(server.port, "GET", FRESH_BOOT_KEY) == b""
+        _command(server.port, "SET", "k", "v")
+        server.flush()
+        assert _command(server.port, "GET", "k") == b""
+        assert _command(server.port, "GET", FRESH_BOOT_KEY) == run_id(server.port)

@@ -1,30 +1,41 @@
-"""Benchmark section ``redis``: leases, hand-off and the permit pool on a throwaway server.
+"""Benchmark section ``redis``: leases, hand-offs, gates, fenced reads and the permit pool.
 
 Everything runs against one private server started here (see ``_redis/server.py``), and
-every comparison is made in the same run against redis-py's own ``redis.asyncio.lock.Lock``
-used with its defaults. Replicas are separate clients (separate connections); the permit
-pool is driven by three processes. Run as a module with ``worker`` it is one of those
-processes.
+every comparison is made in the same run: against redis-py's own ``redis.asyncio.lock.Lock``
+used with its defaults, and a fenced read against a plain ``entries()``. Hand-offs and
+gate closes are measured between processes (``redis_workers.py``) on the system-wide
+monotonic clock: from just before the holder's release (or the close) to the moment the
+other process holds the lease (or its coordinator's gate is closed).
+
+The cross-process hand-off is also measured through a TCP proxy (the fault proxy of the
+chaos runs, an asyncio process in the path) and with the machine busy (three processes
+cycling pool permits through that proxy, as the replicas of a fault run do): together they
+account for the milliseconds a fault run measures, which the lease protocol does not.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
+import contextlib
+import statistics
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio
 from redis.asyncio.lock import Lock
 
-from .._redis.child import running
+from .. import create_agent_coordinator
+from .._redis.child import Child, running
+from .._redis.faults import FaultProxy
+from .._redis.keys import object_base
 from .._redis.server import ThrowawayServer
-from ..redis import RedisLocker, RedisPermitPool
+from ..redis import FencedLog, RedisGates, RedisLocker
 from . import Figure
+from .redis_workers import GATED, HANDOFF_ID
 
 __all__ = ["run"]
+
+_WORKERS = "lovely_coordinator._bench.redis_workers"
 
 
 def _percentile(samples: list[float], fraction: float) -> float:
@@ -32,9 +43,27 @@ def _percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-async def _uncontended(client: Any, rounds: int) -> tuple[float, float]:
-    """Seconds per acquire+release, ours and redis-py's, measured in alternating chunks so
-    that load from elsewhere on the machine falls on both alike."""
+async def _alternating(
+    contenders: list[Callable[[int], Awaitable[object]]], rounds: int
+) -> list[float]:
+    """Seconds per call of each contender (medians over 30 chunks), measured in chunks
+    taken in turn, so that load from elsewhere on the machine falls on all alike, and the
+    median keeps a burst from deciding."""
+    chunks: list[list[float]] = [[] for _ in contenders]
+    size = max(1, rounds // 30)
+    for i in range(50):  # warm up: connections, script cache
+        for op in contenders:
+            await op(i)
+    for _ in range(30):
+        for which, op in enumerate(contenders):
+            start = time.perf_counter()
+            for i in range(size):
+                await op(i)
+            chunks[which].append((time.perf_counter() - start) / size)
+    return [statistics.median(times) for times in chunks]
+
+
+async def _uncontended(client: redis.asyncio.Redis, rounds: int) -> list[float]:
     locker = RedisLocker(client, ttl=30)
 
     async def ours(i: int) -> None:
@@ -46,75 +75,114 @@ async def _uncontended(client: Any, rounds: int) -> tuple[float, float]:
         await lock.acquire()
         await lock.release()
 
-    contenders: list[Callable[[int], Awaitable[None]]] = [ours, theirs]
-    totals = [0.0, 0.0]
-    chunk = max(1, rounds // 10)
-    for i in range(50):  # warm up: connections, script cache
-        for op in contenders:
-            await op(i)
-    for _ in range(10):
-        for which, op in enumerate(contenders):
-            start = time.perf_counter()
-            for i in range(chunk):
-                await op(i)
-            totals[which] += time.perf_counter() - start
-    return totals[0] / (10 * chunk), totals[1] / (10 * chunk)
+    return await _alternating([ours, theirs], rounds)
 
 
-async def _handoffs(
-    hold: Callable[[], Awaitable[Callable[[], Awaitable[None]]]],
-    wait: Callable[[], Awaitable[Callable[[], Awaitable[None]]]],
-    rounds: int,
-) -> list[float]:
-    """Latency from the holder starting its release to the waiter (other client) holding."""
-    latencies: list[float] = []
-    for _ in range(rounds):
-        release = await hold()
-        acquired: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+async def _fenced_read(client: redis.asyncio.Redis, rounds: int, size: int) -> list[float]:
+    log = FencedLog(client, f"bench:log:{size}")
+    for n in range(20):  # a conversation of some length
+        await log.append(7, f"message {n}: " + "x" * size)
 
-        async def waiter(acquired: asyncio.Future[float]) -> None:
-            release_waiter = await wait()
-            acquired.set_result(time.perf_counter())
-            await release_waiter()
+    async def plain(_: int) -> None:
+        await log.entries()
 
-        task = asyncio.create_task(waiter(acquired))
-        await asyncio.sleep(0.02)  # let the waiter find the lock held and park
-        released_at = time.perf_counter()
-        await release()
-        latencies.append(await acquired - released_at)
-        await task
-    return latencies
+    async def fenced(_: int) -> None:
+        await log.entries(fence=7)
+
+    return await _alternating([plain, fenced], rounds)
 
 
-async def _contended(url: str, rounds: int) -> tuple[list[float], list[float]]:
+async def _in_process_handoffs(url: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Release-to-held latency between two clients of one process: ours and redis-py's."""
     async with redis.asyncio.Redis.from_url(url) as a, redis.asyncio.Redis.from_url(url) as b:
-        return await _contended_on(a, b, rounds)
+        locker_a, locker_b = RedisLocker(a, ttl=30), RedisLocker(b, ttl=30)
 
+        async def ours(locker: RedisLocker) -> Callable[[], Awaitable[None]]:
+            return (await locker.acquire("h-local")).release
 
-async def _contended_on(a: Any, b: Any, rounds: int) -> tuple[list[float], list[float]]:
-    locker_a, locker_b = RedisLocker(a, ttl=30), RedisLocker(b, ttl=30)
-
-    def ours(locker: RedisLocker) -> Callable[[], Awaitable[Callable[[], Awaitable[None]]]]:
-        async def take() -> Callable[[], Awaitable[None]]:
-            return (await locker.acquire("h")).release
-
-        return take
-
-    def theirs(client: Any) -> Callable[[], Awaitable[Callable[[], Awaitable[None]]]]:
-        async def take() -> Callable[[], Awaitable[None]]:
+        async def theirs(client: redis.asyncio.Redis) -> Callable[[], Awaitable[None]]:
             lock = Lock(client, "lock:h", timeout=30, blocking_timeout=30)
             await lock.acquire()
             return lock.release
 
-        return take
+        async def handoffs(
+            hold: Callable[[], Awaitable[Callable[[], Awaitable[None]]]],
+            wait: Callable[[], Awaitable[Callable[[], Awaitable[None]]]],
+            count: int,
+        ) -> list[float]:
+            latencies: list[float] = []
+            for _ in range(count):
+                release = await hold()
+                waiter = asyncio.ensure_future(wait())
+                await asyncio.sleep(0.02)  # let the waiter find the lock held and park
+                released_at = time.perf_counter()
+                await release()
+                release_waiter = await waiter
+                latencies.append(time.perf_counter() - released_at)
+                await release_waiter()
+            return latencies
 
-    mine = await _handoffs(ours(locker_a), ours(locker_b), rounds)
-    redis_py = await _handoffs(theirs(a), theirs(b), max(5, rounds // 2))
-    return mine, redis_py
+        mine = await handoffs(lambda: ours(locker_a), lambda: ours(locker_b), rounds)
+        redis_py = await handoffs(lambda: theirs(a), lambda: theirs(b), max(5, rounds // 2))
+        return mine, redis_py
+
+
+async def _cross_process_handoffs(url: str, child_url: str, rounds: int) -> list[float]:
+    """Release (here) to held (in another process, connected to ``child_url``)."""
+    async with redis.asyncio.Redis.from_url(url) as client:
+        locker = RedisLocker(client, ttl=30)
+        waiting = f"{object_base('lovely:', 'conv', HANDOFF_ID)}:waiting"
+        async with running(("-m", _WORKERS, "handoff", child_url)) as (child,):
+            assert (await child.read())["ready"]
+            latencies: list[float] = []
+            for _ in range(rounds):
+                lease = await locker.acquire(HANDOFF_ID)
+                child.send("go")
+                while not await client.exists(waiting):  # noqa: ASYNC110  (state in Redis)
+                    await asyncio.sleep(0.001)  # until its refused attempt is in
+                await asyncio.sleep(0.01)  # ...and it parked
+                released_at = time.monotonic()
+                await lease.release()
+                latencies.append((await child.read())["t"] - released_at)
+                assert (await child.read())["released"]
+            child.send("stop")
+            return latencies
+
+
+async def _gate_propagation(url: str, rounds: int) -> list[float]:
+    """From a close here to the other process's coordinator having the gate closed."""
+    async with redis.asyncio.Redis.from_url(url) as client:
+        gates = RedisGates(client, create_agent_coordinator(1), resync_interval=60)
+        async with gates, running(("-m", _WORKERS, "gates", url)) as (child,):
+            assert (await child.read())["ready"]
+            latencies: list[float] = []
+            for _ in range(rounds):
+                closed_at = time.monotonic()
+                await gates.close_tuple(GATED, reopen_after=60)
+                report = await child.read()
+                assert report["open"] is False
+                latencies.append(report["t"] - closed_at)
+                await gates.open_tuple(GATED)
+                assert (await child.read())["open"] is True
+            child.send("stop")
+            return latencies
+
+
+@contextlib.asynccontextmanager
+async def _busy(url: str, processes: int = 3) -> AsyncIterator[list[Child]]:
+    """``processes`` pool workers cycling permits (with no work) until the block ends."""
+    args = ("-m", _WORKERS, "pool", url, "bench-load", "5", "8", "1000000")
+    async with running(*[args] * processes) as children:
+        for child in children:
+            assert (await child.read())["ready"]
+        for child in children:
+            child.send("go")
+        await asyncio.sleep(0.5)  # up to speed
+        yield children
 
 
 async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
-    args = ("-m", __name__, "worker", url, "bench-pool", "5", str(tasks), str(rounds))
+    args = ("-m", _WORKERS, "pool", url, "bench-pool", "5", str(tasks), str(rounds))
     async with running(args, args, args) as children:
         for child in children:
             assert (await child.read())["ready"]
@@ -126,28 +194,57 @@ async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
     return grants / elapsed
 
 
+def _latencies(name: str, samples: list[float], target: float | None, note: str) -> list[Figure]:
+    ms = 1000.0
+    return [
+        Figure(f"{name} p50", _percentile(samples, 0.5) * ms, "ms", target=target, note=note),
+        Figure(
+            f"{name} p99",
+            _percentile(samples, 0.99) * ms,
+            "ms",
+            target=None if target is None else 2.5 * target,
+        ),
+    ]
+
+
 async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
+    n = 30 if quick else 300
     async with redis.asyncio.Redis.from_url(server.url) as client:
         info = await client.info("server")
         name = info.get("server_name", "redis")
         version = info.get(f"{name}_version", info["redis_version"])
         ours, theirs = await _uncontended(client, 300 if quick else 3000)
-    mine, redis_py = await _contended(server.url, 20 if quick else 100)
+        plain, fenced = await _fenced_read(client, 300 if quick else 3000, 100)
+        plain_big, fenced_big = await _fenced_read(client, 300 if quick else 3000, 2000)
+    local, redis_py = await _in_process_handoffs(server.url, 20 if quick else 100)
+    between = await _cross_process_handoffs(server.url, server.url, n)
+    proxy = await FaultProxy(server.port).start()
+    try:
+        proxied = await _cross_process_handoffs(server.url, proxy.url, n)
+        async with _busy(proxy.url):
+            busy = await _cross_process_handoffs(server.url, proxy.url, n)
+    finally:
+        await proxy.close()
+    gate = await _gate_propagation(server.url, n)
     per_second = await _pool_throughput(server.url, 16, 20 if quick else 100)
-    ms = 1000.0
     return [
         Figure("uncontended acquire+release", ours * 1e6, "us", note=f"{name} {version}"),
         Figure("  redis-py Lock acquire+release", theirs * 1e6, "us"),
         Figure("  ratio to redis-py Lock", ours / theirs, "x", target=1.5),
-        Figure("hand-off latency p50", _percentile(mine, 0.5) * ms, "ms", target=2.0),
-        Figure("hand-off latency p99", _percentile(mine, 0.99) * ms, "ms"),
-        Figure(
-            "  redis-py Lock hand-off p50",
-            _percentile(redis_py, 0.5) * ms,
-            "ms",
-            note="polls every 0.1 s by default",
+        *_latencies("hand-off between processes", between, 2.0, "release to held"),
+        *_latencies("  same, in one process", local, None, "two clients"),
+        *_latencies("  same, through a TCP proxy", proxied, None, "the chaos runs' proxy"),
+        *_latencies(
+            "  same, proxy + busy machine", busy, None, "3 processes cycling permits through it"
         ),
-        Figure("  redis-py Lock hand-off p99", _percentile(redis_py, 0.99) * ms, "ms"),
+        *_latencies("  redis-py Lock hand-off", redis_py, None, "polls every 0.1 s by default"),
+        *_latencies("gate close propagation", gate, 5.0, "to the other process's coordinator"),
+        Figure("plain entries(), 20 of 100 B", plain * 1e6, "us"),
+        Figure("fenced entries(fence=f), same", fenced * 1e6, "us"),
+        Figure("  ratio fenced / plain", fenced / plain, "x", target=1.2),
+        Figure("plain entries(), 20 of 2 kB", plain_big * 1e6, "us"),
+        Figure("fenced entries(fence=f), same", fenced_big * 1e6, "us"),
+        Figure("  ratio fenced / plain", fenced_big / plain_big, "x", target=1.2),
         Figure(
             "permit pool grants/s",
             per_second,
@@ -160,39 +257,3 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
 def run(quick: bool) -> list[Figure]:
     with ThrowawayServer() as server:
         return asyncio.run(_measure(server, quick))
-
-
-async def _worker(args: argparse.Namespace) -> None:
-    """One pool process: report ready, wait for "go", then every task cycles its permits."""
-    async with redis.asyncio.Redis.from_url(args.url, max_connections=None) as client:
-        await _work(client, args)
-
-
-async def _work(client: Any, args: argparse.Namespace) -> None:
-    pool = RedisPermitPool(client, name=args.name, limit=args.limit, ttl=30)
-    await client.ping()
-    print('{"ready": true}', flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    start = time.perf_counter()
-
-    async def task() -> None:
-        for _ in range(args.rounds):
-            async with pool.permit():
-                pass
-
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(args.tasks):
-            tg.create_task(task())
-    elapsed = time.perf_counter() - start
-    print(f'{{"grants": {args.tasks * args.rounds}, "elapsed": {elapsed}}}', flush=True)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m lovely_coordinator._bench.redis")
-    parser.add_argument("mode", choices=["worker"])
-    parser.add_argument("url")
-    parser.add_argument("name")
-    parser.add_argument("limit", type=int)
-    parser.add_argument("tasks", type=int)
-    parser.add_argument("rounds", type=int)
-    asyncio.run(_worker(parser.parse_args()))

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, final
+from typing import IO, Any, final
 
 import anyio
 
@@ -29,13 +29,15 @@ class Child:
         self._process = process
 
     @classmethod
-    async def start(cls, *args: str) -> Child:
+    async def start(cls, *args: str, stderr: int | IO[Any] | None = None) -> Child:
+        """Start ``python ARGS...``; its stderr goes to ``stderr`` (default: ours)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
             env=env,
         )
         return cls(process)

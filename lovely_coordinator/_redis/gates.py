@@ -12,44 +12,59 @@ start (inside ``__aenter__``), after every resubscription, and every ``resync_in
 seconds. Gates only make the scheduler efficient (the provider enforces its own limit),
 so when Redis is unreachable a replica keeps gating on its own: ``close_tuple`` still
 closes the local coordinator, and pushes the closure to Redis at the next resync.
+
+A server that restarts without persistence forgets every closure, and a resync that
+found the set empty would reopen them all early. So the set carries an epoch
+(``P{gates}:epoch``, created with the set): a replica that finds another epoch than the
+one it saw before knows the server lost the set, and puts back every closure it knows,
+with the reopen time it had, before it looks at the state again. Replicas resync within a
+few seconds of a reconnect, so the closures known to any live replica are back by then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 from types import TracebackType
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, cast, final
 
 import anyio
+import redis.asyncio
 from redis.exceptions import RedisError
 
-from .._errors import InvalidArgumentError, InvalidArgumentTypeError
+from .._coordinator import AgentCoordinator
+from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
-from . import scripts
+from .._validate import as_seconds
+from . import boot, cancellation, gate_scripts
+from .evalsha import Script
+from .keys import object_base
+from .log import describe, log
 from .subscriber import Subscriber, text
-from .validation import check_prefix
+from .validation import MAX_SECONDS, check_client, check_prefix, check_seconds, require_asyncio
 
-__all__ = ["GateTarget", "RedisGates"]
+__all__ = ["RedisGates"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 OP_TIMEOUT: Final = 2.0  # seconds a gate call may wait for Redis before gating alone
 RETRY_INTERVAL: Final = 1.0  # seconds between resync attempts while Redis is unreachable
 
+# What a coordinator of another copy of the library must offer to be driven (it is then
+# not an instance of this copy's class, see _global.py).
+_GATE_METHODS: Final = ("close_tuple", "open_tuple", "is_tuple_open", "tuple_reopens_at")
 
-class GateTarget(Protocol):
-    """The part of :class:`~lovely_coordinator.AgentCoordinator` that gates drive."""
 
-    def close_tuple(self, t: ModelTupleLike, *, reopen_after: float | None = None) -> None: ...
-
-    def open_tuple(self, t: ModelTupleLike) -> None: ...
-
-    def is_tuple_open(self, t: ModelTupleLike) -> bool: ...
-
-    def tuple_reopens_at(self, t: ModelTupleLike) -> float | None: ...
+def _check_coordinator(coordinator: object) -> AgentCoordinator:
+    if isinstance(coordinator, AgentCoordinator):
+        return coordinator
+    if type(coordinator).__name__ == "AgentCoordinator" and all(
+        callable(getattr(coordinator, name, None)) for name in _GATE_METHODS
+    ):
+        return cast(AgentCoordinator, coordinator)
+    raise InvalidArgumentTypeError(
+        f"coordinator must be an AgentCoordinator, not {type(coordinator).__name__}"
+    )
 
 
 def _member(t: ModelTuple) -> str:
@@ -61,13 +76,17 @@ def _tuple(member: str) -> ModelTuple:
     return ModelTuple(provider, model)
 
 
+def _ms(seconds: float) -> int:
+    return math.ceil(seconds * 1000)  # rounded up: a closure is never shortened
+
+
 @final
 class RedisGates:
     """Keeps every replica's coordinator gates in step through Redis.
 
     Args:
         client: a ``redis.asyncio.Redis``.
-        coordinator: this replica's coordinator.
+        coordinator: this replica's :class:`~lovely_coordinator.AgentCoordinator`.
         prefix: namespace of the keys and channel.
         resync_interval: seconds between periodic full resyncs.
 
@@ -75,44 +94,53 @@ class RedisGates:
     ``__aenter__`` (which raises the client's error if Redis cannot be reached then).
 
     Raises:
-        InvalidArgumentError: ``resync_interval`` is not a finite number > 0, or
+        InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` or
+            ``coordinator`` not an ``AgentCoordinator`` (``TypeError`` ones),
+            ``resync_interval`` is not a positive number of seconds up to 1e9, or
             ``prefix`` not a string.
+        UsageError: constructed under trio (this module is asyncio-only).
     """
 
     def __init__(
         self,
-        client: Any,
-        coordinator: GateTarget,
+        client: redis.asyncio.Redis,
+        coordinator: AgentCoordinator,
         *,
         prefix: str = "lovely:",
         resync_interval: float = 10.0,
     ) -> None:
-        if isinstance(resync_interval, bool) or not isinstance(resync_interval, int | float):
-            raise InvalidArgumentTypeError("resync_interval must be a positive number of seconds")
-        if not (math.isfinite(resync_interval) and resync_interval > 0):
-            raise InvalidArgumentError("resync_interval must be a positive number of seconds")
-        self._client = client
-        self._coordinator = coordinator
-        prefix = check_prefix(prefix)
-        self._key = f"{prefix}{{gates}}:closed"
-        self._channel = f"{prefix}{{gates}}:events"
-        self._resync_interval = float(resync_interval)
-        self._close_script = client.register_script(scripts.GATE_CLOSE)
-        self._open_script = client.register_script(scripts.GATE_OPEN)
-        self._state_script = client.register_script(scripts.GATE_STATE)
+        self._client = check_client(client)
+        self._coordinator = _check_coordinator(coordinator)
+        message = "resync_interval must be a positive number of seconds"
+        interval = as_seconds(resync_interval, message, positive=True)
+        if interval > MAX_SECONDS:
+            raise InvalidArgumentError(message)
+        base = object_base(check_prefix(prefix), "gates")
+        self._key = f"{base}:closed"
+        self._epoch_key = f"{base}:epoch"
+        self._channel = f"{base}:events"
+        self._resync_interval = interval
+        self._close_script = Script(client, gate_scripts.GATE_CLOSE)
+        self._open_script = Script(client, gate_scripts.GATE_OPEN)
+        self._state_script = Script(client, gate_scripts.GATE_STATE)
         self._subscriber = Subscriber(client, self._channel, self._on_message, self._on_reset)
         # Local reopen times (anyio clock) this object set from Redis, so a resync can tell
-        # its own stale closures from closures made locally by someone else.
+        # its own stale closures from closures made locally by someone else, and put them
+        # back if the server loses them.
         self._applied: dict[ModelTuple, float] = {}
         # Closures that could not reach Redis, pushed at the next resync.
         self._unsynced: dict[ModelTuple, float] = {}
-        self._resync_requested = anyio.Event()
+        self._epoch: str | None = None  # of the gate set, as last read
+        self._resync_wanted = False  # messages may have been lost: resync at once
+        self._wake: anyio.Event | None = None  # made on the loop (anyio needs one)
         self._stack: contextlib.AsyncExitStack | None = None
         self.resyncs = 0  # completed resyncs, for tests and monitoring
 
     async def __aenter__(self) -> RedisGates:
         if self._stack is not None:
-            raise RuntimeError("this RedisGates is already entered")
+            raise UsageError("this RedisGates is already entered")
+        require_asyncio()
+        await boot.ensure_supported(self._client)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self._subscriber.active())
             await self._resync()
@@ -148,19 +176,24 @@ class RedisGates:
         shared at the next resync.
 
         Raises:
-            InvalidArgumentError: a bad tuple, or ``reopen_after`` not a finite number >= 0.
+            InvalidArgumentError: a bad tuple, or ``reopen_after`` not a number of seconds
+                from 0 to 1e9 (nothing is closed, locally or in Redis).
+            UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
-        self._coordinator.close_tuple(model_tuple, reopen_after=reopen_after)  # validates
-        local_until = anyio.current_time() + reopen_after
+        seconds = check_seconds(reopen_after, "reopen_after")
+        require_asyncio()
+        self._coordinator.close_tuple(model_tuple, reopen_after=seconds)
+        local_until = anyio.current_time() + seconds
         try:
             with anyio.fail_after(OP_TIMEOUT):
                 remaining_ms = await self._close_script(
-                    [self._key],
-                    [_member(model_tuple), math.ceil(reopen_after * 1000), self._channel],
+                    [self._key], [_member(model_tuple), _ms(seconds), self._channel]
                 )
         except (RedisError, OSError, TimeoutError) as exc:
-            _log.warning("closing %s: Redis unreachable (%r); gating locally", model_tuple, exc)
+            log.warning(
+                "closing %s: Redis unreachable (%s); gating locally", model_tuple, describe(exc)
+            )
             self._unsynced[model_tuple] = max(self._unsynced.get(model_tuple, 0.0), local_until)
             return
         self._apply_close(model_tuple, int(remaining_ms) / 1000)
@@ -170,8 +203,10 @@ class RedisGates:
 
         Raises:
             InvalidArgumentError: a bad tuple.
+            UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
+        require_asyncio()
         self._coordinator.open_tuple(model_tuple)
         self._applied.pop(model_tuple, None)
         self._unsynced.pop(model_tuple, None)
@@ -179,7 +214,9 @@ class RedisGates:
             with anyio.fail_after(OP_TIMEOUT):
                 await self._open_script([self._key], [_member(model_tuple), self._channel])
         except (RedisError, OSError, TimeoutError) as exc:
-            _log.warning("opening %s: Redis unreachable (%r); opened locally", model_tuple, exc)
+            log.warning(
+                "opening %s: Redis unreachable (%s); opened locally", model_tuple, describe(exc)
+            )
 
     def _apply_close(self, t: ModelTuple, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -201,7 +238,9 @@ class RedisGates:
             self._applied.pop(t, None)
 
     def _on_reset(self) -> None:
-        self._resync_requested.set()
+        self._resync_wanted = True
+        if self._wake is not None:
+            self._wake.set()
 
     async def _resync_loop(self, scope: anyio.CancelScope) -> None:
         with scope:
@@ -210,37 +249,57 @@ class RedisGates:
     async def _resync_forever(self) -> None:
         interval = self._resync_interval
         while True:
-            with anyio.move_on_after(interval):
-                await self._resync_requested.wait()
-            self._resync_requested = anyio.Event()
+            if not self._resync_wanted:
+                self._wake = anyio.Event()
+                with anyio.move_on_after(interval):
+                    await self._wake.wait()
+            self._resync_wanted = False
             try:
                 with anyio.fail_after(OP_TIMEOUT):
-                    await self._resync()
+                    await cancellation.call(self._resync())
             except (RedisError, OSError, TimeoutError) as exc:
-                _log.debug("gate resync failed: %r", exc)
+                log.debug("gate resync failed: %s", describe(exc))
                 interval = min(RETRY_INTERVAL, self._resync_interval)
             except Exception:  # a background loop must never die quietly
-                _log.exception("gate resync failed")
+                log.exception("gate resync failed")
                 interval = self._resync_interval
             else:
                 interval = self._resync_interval
 
-    async def _resync(self) -> None:
-        """Push closures that could not be shared, then make the local gates match Redis."""
+    async def _push(self, closures: dict[ModelTuple, float]) -> None:
         now = anyio.current_time()
-        for t, until in list(self._unsynced.items()):
+        for t, until in closures.items():
             if until > now:
-                await self._close_script(
-                    [self._key], [_member(t), math.ceil((until - now) * 1000), self._channel]
-                )
-            del self._unsynced[t]
-        flat = await self._state_script([self._key], [])
+                await self._close_script([self._key], [_member(t), _ms(until - now), self._channel])
+
+    async def _state(self) -> tuple[str, dict[ModelTuple, float]]:
+        flat: list[Any] = await self._state_script([self._key, self._epoch_key], [])
         closed: dict[ModelTuple, float] = {}
-        for i in range(0, len(flat), 2):
+        for i in range(1, len(flat), 2):
             try:
                 closed[_tuple(text(flat[i]))] = int(text(flat[i + 1])) / 1000
             except InvalidArgumentError:
-                _log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
+                log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
+        return text(flat[0]), closed
+
+    async def _resync(self) -> None:
+        """Push closures that could not be shared, then make the local gates match Redis."""
+        await self._push(self._unsynced)
+        self._unsynced.clear()
+        epoch, closed = await self._state()
+        if self._epoch is not None and epoch != self._epoch:
+            # The server lost the gate set since the last resync (a restart without
+            # persistence): put back what this replica knows, never shorter than it was.
+            now = anyio.current_time()
+            known = {t: until for t, until in self._applied.items() if until > now}
+            log.warning(
+                "the gates in Redis were lost (a server restart?); restoring the %d "
+                "closure(s) this replica knows",
+                len(known),
+            )
+            await self._push(known)
+            epoch, closed = await self._state()
+        self._epoch = epoch
         for t, seconds in closed.items():
             self._apply_close(t, seconds)
         for t, applied_until in list(self._applied.items()):
@@ -253,3 +312,4 @@ class RedisGates:
                 self._coordinator.open_tuple(t)
             del self._applied[t]
         self.resyncs += 1
+        log.debug("gates resynced: %d closure(s) in Redis", len(closed))

@@ -1,29 +1,37 @@
 """Per-conversation leases across replicas: :class:`RedisLocker` and :class:`RedisLease`.
 
-Keys for conversation ``C`` under prefix ``P`` (one hash tag, so Redis Cluster works)::
+Keys for conversation ``C`` under prefix ``P`` (one hash tag, see keys.py)::
 
-    P{C}:lock      the lease: a per-acquire owner id, expiring after ttl
-    P{C}:fence     the last fencing token issued (see scripts.py for why it may expire)
-    P{C}:waiting   set by a refused acquire, so that the release knows to publish
-    P{C}:abandoned:<owner>   briefly, after the clean-up of an abandoned acquire
+    P{conv:C}:lock      the lease: "<owner> <token>", the owner unique per acquire call,
+                        expiring after ttl
+    P{conv:C}:fence     the last fencing token issued (see scripts.py for why it may expire)
+    P{conv:C}:waiting   set by a refused acquire, so that the release knows to publish
+    P{conv:C}:quiet     during a quiet period after a restart (see scripts.py)
+    P{conv:C}:abandoned:<owner>   briefly, after the clean-up of an abandoned acquire
 
-and one channel per prefix, ``Preleased``, carrying the conversation id of each release
-that somebody was waiting for. A waiter re-checks when a release of its conversation is
-announced, when the holder's lease is due to expire (a dead holder announces nothing),
-and at least every second in any case, so a lost message only costs latency.
+and one channel per prefix, ``P{conv}:released``, carrying the conversation id of each
+release that somebody was waiting for. A waiter re-checks when a release of its
+conversation is announced, when the holder's lease is due to expire (a dead holder
+announces nothing), and at least every second in any case, so a lost message only costs
+latency.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, final
+from typing import final
 
-from . import scripts
+import redis.asyncio
+
+from . import boot, scripts
+from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
+from .keys import object_base
 from .subscriber import Subscriber, Watch
-from .validation import check_key, check_prefix, check_ttl
+from .validation import check_client, check_key, check_prefix, check_ttl, require_asyncio
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -33,25 +41,30 @@ class RedisLocker:
     """Serializes each conversation's turns across replicas; implements the turns ``Locker``.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 8).
-        ttl: seconds a lease survives without renewal; it renews every ``ttl / 3``.
+        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
+        ttl: seconds a lease survives without renewal; it renews every ``ttl / 3``. Every
+            replica should use the same ttl for the same prefix.
         prefix: namespace of every key and channel; lockers with different prefixes are
             independent.
 
     Raises:
-        InvalidArgumentError: ``ttl`` is not a finite number >= 0.01, or ``prefix`` not a
-            string.
+        InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` (a
+            ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9, or
+            ``prefix`` is not a string.
+        UsageError: constructed under trio (this module is asyncio-only).
     """
 
-    def __init__(self, client: Any, *, ttl: float = 30.0, prefix: str = "lovely:") -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, *, ttl: float = 30.0, prefix: str = "lovely:"
+    ) -> None:
+        self._client = check_client(client)
         self._ttl = check_ttl(ttl)
-        self._client = client
         self._prefix = check_prefix(prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        self._channel = f"{prefix}released"
-        self._acquire_script = client.register_script(scripts.LOCK_ACQUIRE)
-        self._extend_script = client.register_script(scripts.LOCK_EXTEND)
-        self._release_script = client.register_script(scripts.LOCK_RELEASE)
+        self._channel = f"{object_base(prefix, 'conv')}:released"
+        self._acquire_script = Script(client, scripts.LOCK_ACQUIRE)
+        self._extend_script = Script(client, scripts.LOCK_EXTEND)
+        self._release_script = Script(client, scripts.LOCK_RELEASE)
         self._watches: dict[str, set[Watch]] = {}
         self._subscriber = Subscriber(client, self._channel, self._on_release, self._on_reset)
 
@@ -59,30 +72,49 @@ class RedisLocker:
     def ttl(self) -> float:
         return self._ttl
 
-    def _keys(self, conversation_id: str) -> tuple[str, str, str]:
-        base = f"{self._prefix}{{{conversation_id}}}"
-        return f"{base}:lock", f"{base}:fence", f"{base}:waiting"
+    def _base(self, conversation_id: str) -> str:
+        return object_base(self._prefix, "conv", conversation_id)
 
     async def acquire(self, conversation_id: str) -> RedisLease:
         """Wait until this replica holds the conversation's lease, and return it.
 
         The lease's fencing token is minted in the same atomic step as the grant. If the
         wait is cancelled (or fails) while a request is in flight, the attempt's own lease,
-        should the server have granted it, is deleted before the exception propagates.
+        should the server have granted it, is deleted before the exception propagates. A
+        grant whose reply arrives after its ttl ran out is given back, and the wait goes
+        on; after a server restart without persistence nothing is granted until the
+        quiet period is over (see the module ``lovely_coordinator.redis``).
 
         Raises:
             InvalidArgumentError: ``conversation_id`` is not a nonempty string.
+            UnsupportedServerError: the server is older than Redis 7.0.
+            UsageError: called with no asyncio event loop running (under trio).
             redis.exceptions.RedisError: the server could not be reached.
         """
         check_key(conversation_id, "conversation_id")
+        require_asyncio()
+        await boot.ensure_supported(self._client)
         owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it
-        keys = (*self._keys(conversation_id), self._tombstone(conversation_id, owner))
+        base = self._base(conversation_id)
+        keys = [f"{base}:lock", f"{base}:fence", f"{base}:waiting", f"{base}:quiet"]
+        keys.append(f"{base}:abandoned:{owner}")
+        client = self._client
+
+        async def attempt() -> list[int]:
+            fresh = boot.fresh_run_id(client)
+            reply: list[int] = await self._acquire_script(
+                keys, [owner, self._ttl_ms, FENCE_TTL_MS, fresh]
+            )
+            return reply
+
         reply, sent = await wait_for_grant(
-            lambda: self._acquire_script(keys, [owner, self._ttl_ms, FENCE_TTL_MS]),
+            attempt,
             lambda: self._watching(conversation_id),
             lambda: self._delete(conversation_id, owner, abandon=True),
+            give_back=lambda _: self._delete(conversation_id, owner),
+            on_quiet=functools.partial(boot.on_quiet, client, f"conversation {conversation_id!r}"),
             subscribed=lambda: self._subscriber.subscribed,
-            bound=self._ttl,
+            ttl=self._ttl,
             recheck=MAX_RECHECK,
             what=f"acquiring {conversation_id!r}",
         )
@@ -110,12 +142,9 @@ class RedisLocker:
             for watch in watches:
                 watch.event.set()
 
-    async def _extend(self, conversation_id: str, owner: str) -> bool:
-        lock_key = self._keys(conversation_id)[0]
-        return bool(await self._extend_script([lock_key], [owner, self._ttl_ms]))
-
-    def _tombstone(self, conversation_id: str, owner: str) -> str:
-        return f"{self._prefix}{{{conversation_id}}}:abandoned:{owner}"
+    async def _extend(self, conversation_id: str, value: str) -> bool:
+        lock_key = f"{self._base(conversation_id)}:lock"
+        return bool(await self._extend_script([lock_key], [value, self._ttl_ms]))
 
     async def _delete(self, conversation_id: str, owner: str, *, abandon: bool = False) -> bool:
         """Compare-and-delete: remove the lease only if ``owner`` holds it.
@@ -124,9 +153,9 @@ class RedisLocker:
         attempt still in flight, which a different connection may deliver after this one,
         is also refused when it arrives (for the lease's ttl).
         """
-        lock_key, _, waiting_key = self._keys(conversation_id)
+        base = self._base(conversation_id)
         deleted = await self._release_script(
-            [lock_key, waiting_key, self._tombstone(conversation_id, owner)],
+            [f"{base}:lock", f"{base}:waiting", f"{base}:abandoned:{owner}"],
             [owner, self._channel, conversation_id, self._ttl_ms if abandon else 0],
         )
         return bool(deleted)
@@ -146,7 +175,8 @@ class RedisLease(Grant):
 
     ``await lease.release()`` deletes the lease only if this replica still holds it; it
     is idempotent, shielded, and never raises for a lease that lapsed. An async context
-    manager: leaving the block releases it.
+    manager: leaving the block releases it. Renewal stops with the event loop, so a
+    lease still held when ``asyncio.run()`` ends never keeps it running.
     """
 
     def __init__(
@@ -154,10 +184,11 @@ class RedisLease(Grant):
     ) -> None:
         self.conversation_id = conversation_id
         self.fence = fence
+        value = f"{owner} {fence}"
         super().__init__(
             ttl=locker.ttl,
             sent_at=sent_at,
-            renew=lambda: locker._extend(conversation_id, owner),
+            renew=lambda: locker._extend(conversation_id, value),
             give_back=lambda: locker._delete(conversation_id, owner),
             name=f"the lease on {conversation_id!r} (fence {fence})",
         )

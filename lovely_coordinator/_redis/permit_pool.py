@@ -1,16 +1,17 @@
 """A cluster-wide FIFO cap: :class:`RedisPermitPool` and :class:`RedisPermit`.
 
-Keys of pool ``N`` under prefix ``P`` (one hash tag)::
+Keys of pool ``N`` under prefix ``P`` (one hash tag, see keys.py)::
 
     P{pool:N}:holders   zset  permit id -> expiry (ms, server clock); renewed every ttl/3
     P{pool:N}:queue     zset  waiter id -> ticket (its place in line)
     P{pool:N}:waiters   zset  waiter id -> heartbeat expiry (ms); refreshed by every attempt
-    P{pool:N}:ticket    the ticket counter
+    P{pool:N}:ticket    the ticket counter (never expires: its absence means lost state)
     P{pool:N}:fence     the last fencing token
     P{pool:N}:grants    hash  permit id -> "fence ticket"
+    P{pool:N}:quiet     during a quiet period after a restart (see scripts.py)
     P{pool:N}:abandoned:<id>    briefly, after the clean-up of an abandoned acquire
 
-One script decides each attempt (see scripts.py): it first drops expired holders and
+One script decides each attempt (see pool_scripts.py): it first drops expired holders and
 waiters, so a dead process's permits and queue places come back, then grants the caller
 only if its rank in the queue is below the number of free permits. Grants therefore follow
 ticket order, except that the waiters within the free window may win in either order
@@ -25,20 +26,25 @@ also re-checks when the earliest holder is due to expire and at least every
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, final
 
-from .._errors import InvalidArgumentError, InvalidArgumentTypeError
-from . import scripts
+import redis.asyncio
+
+from .._validate import as_index
+from . import boot, pool_scripts
+from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
+from .keys import object_base
 from .subscriber import Subscriber, Watch
-from .validation import check_key, check_prefix, check_ttl
+from .validation import check_client, check_key, check_prefix, check_ttl, require_asyncio
 
 __all__ = ["RedisPermit", "RedisPermitPool"]
 
-_KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants")
+_KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants", "quiet")
 
 
 @final
@@ -46,37 +52,42 @@ class RedisPermitPool:
     """At most ``limit`` permits held at once across every process sharing ``name``.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 8).
+        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
         name: the pool's name; pools with the same name and prefix are one pool. Every
-            process should pass the same ``limit``.
+            process should pass the same ``limit`` and ``ttl``.
         limit: the cap, an int >= 1.
         ttl: seconds a permit (or a queue place) survives its process; permits renew
             every ``ttl / 3``.
         prefix: namespace of the keys and channel.
 
     Raises:
-        InvalidArgumentError: a bad ``name``, ``limit``, ``ttl`` or ``prefix``.
+        InvalidArgumentError: a bad ``client`` (a ``TypeError`` one), ``name``,
+            ``limit``, ``ttl`` (a number of seconds from 0.01 to 1e9) or ``prefix``.
+        UsageError: constructed under trio (this module is asyncio-only).
     """
 
     def __init__(
-        self, client: Any, *, name: str, limit: int, ttl: float = 30.0, prefix: str = "lovely:"
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        prefix: str = "lovely:",
     ) -> None:
+        self._client = check_client(client)
         check_key(name, "name")
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise InvalidArgumentTypeError("limit must be a positive integer")
-        if limit < 1:
-            raise InvalidArgumentError("limit must be a positive integer")
+        limit = as_index(limit, "limit must be a positive integer")
         self._ttl = check_ttl(ttl)
-        self._client = client
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        self._base = base = f"{check_prefix(prefix)}{{pool:{name}}}"
+        self._base = base = object_base(check_prefix(prefix), "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
-        self._acquire_script = client.register_script(scripts.POOL_ACQUIRE)
-        self._refresh_script = client.register_script(scripts.POOL_REFRESH)
-        self._leave_script = client.register_script(scripts.POOL_LEAVE)
+        self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)
+        self._refresh_script = Script(client, pool_scripts.POOL_REFRESH)
+        self._leave_script = Script(client, pool_scripts.POOL_LEAVE)
         self._watches: set[Watch] = set()
         self._subscriber = Subscriber(client, self._channel, self._on_announce, self._on_reset)
 
@@ -97,20 +108,40 @@ class RedisPermitPool:
         """Take a place in line and wait (cancellable) until a permit is granted.
 
         A cancelled (or failed) acquire gives up its place and, should the server have
-        granted it a permit whose reply was lost, that permit too.
+        granted it a permit whose reply was lost, that permit too. A grant whose reply
+        arrives after its ttl ran out is given back (the place in line is kept) and the
+        wait goes on; after a server restart without persistence nothing is granted, not
+        even a place, until the quiet period is over.
 
         Raises:
+            UnsupportedServerError: the server is older than Redis 7.0.
+            UsageError: called with no asyncio event loop running (under trio).
             redis.exceptions.RedisError: the server could not be reached.
         """
+        require_asyncio()
+        client = self._client
+        await boot.ensure_supported(client)
         permit_id = uuid.uuid4().hex
         keys = [*self._keys, self._tombstone(permit_id)]
-        args = [permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel]
+        args: list[str | int] = [
+            permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel
+        ]  # fmt: skip
+
+        async def attempt() -> list[int]:
+            reply: list[int] = await self._acquire_script(keys, [*args, boot.fresh_run_id(client)])
+            return reply
+
+        async def give_back(reply: Sequence[Any]) -> None:
+            await self._leave(permit_id, requeue=int(reply[2]))
+
         reply, sent = await wait_for_grant(
-            lambda: self._acquire_script(keys, args),
+            attempt,
             self._watching,
             lambda: self._leave(permit_id, abandon=True),
+            give_back=give_back,
+            on_quiet=functools.partial(boot.on_quiet, client, f"permit pool {self.name!r}"),
             subscribed=lambda: self._subscriber.subscribed,
-            bound=self._ttl,
+            ttl=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
             what=f"acquiring a permit of pool {self.name!r}",
         )
@@ -144,16 +175,26 @@ class RedisPermitPool:
     def _tombstone(self, permit_id: str) -> str:
         return f"{self._base}:abandoned:{permit_id}"
 
-    async def _leave(self, permit_id: str, *, abandon: bool = False) -> None:
+    async def _leave(
+        self, permit_id: str, *, abandon: bool = False, requeue: int | None = None
+    ) -> None:
         """Give back the permit or queue place of ``permit_id``.
 
         With ``abandon`` (the clean-up of an acquire that gave up), a request of that
         attempt still in flight, which a different connection may deliver after this one,
-        is also refused when it arrives (for the pool's ttl).
+        is also refused when it arrives (for the pool's ttl). With ``requeue`` (a ticket),
+        the permit is given back but the place in line with that ticket is kept.
         """
         await self._leave_script(
             [*self._keys, self._tombstone(permit_id)],
-            [permit_id, self.limit, self._channel, self._ttl_ms if abandon else 0],
+            [
+                permit_id,
+                self.limit,
+                self._channel,
+                self._ttl_ms if abandon else 0,
+                "" if requeue is None else requeue,
+                self._ttl_ms,
+            ],
         )
 
 
@@ -168,7 +209,7 @@ class RedisPermit(Grant):
 
     ``await permit.release()`` gives it back (the next in line is woken); idempotent,
     shielded, never raises for a permit that lapsed. An async context manager: leaving
-    the block releases it.
+    the block releases it. Renewal stops with the event loop.
     """
 
     def __init__(

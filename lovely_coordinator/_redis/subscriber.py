@@ -17,11 +17,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, final
 
 import anyio
+import redis.asyncio
 from redis.exceptions import RedisError
+
+from . import cancellation
+from .log import describe, log
 
 __all__ = ["Subscriber", "Watch", "text"]
 
-_log = logging.getLogger("lovely_coordinator.redis")
 
 _RETRY_DELAYS: Final = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s forever
 
@@ -56,6 +59,7 @@ class Subscriber:
 
     Args:
         client: a ``redis.asyncio.Redis``; the subscription takes one connection of its pool.
+            (The listener ends with its event loop, see cancellation.py.)
         channel: the channel name.
         on_message: called (synchronously, on the loop) with each message's payload.
         on_reset: called when messages may have been lost (a resubscription after a gap,
@@ -64,7 +68,7 @@ class Subscriber:
 
     def __init__(
         self,
-        client: Any,
+        client: redis.asyncio.Redis,
         channel: str,
         on_message: Callable[[str], object],
         on_reset: Callable[[], object],
@@ -77,14 +81,16 @@ class Subscriber:
         # One listener per period of use, stopped through its scope (never Task.cancel(),
         # which anyio scopes inside could absorb); a retired one closes its own connection.
         self._task: asyncio.Task[None] | None = None
-        self._scope = anyio.CancelScope()
+        # Made by active(), on the loop: anyio objects cannot be made outside one, and the
+        # object itself may be (at import time, say).
+        self._scope: anyio.CancelScope | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # strong references until done
-        self._ready = anyio.Event()
+        self._ready: anyio.Event | None = None
 
     @property
     def subscribed(self) -> bool:
         """Whether a listener is running and has confirmed (or attempted) its subscription."""
-        return self._task is not None and self._ready.is_set()
+        return self._task is not None and self._ready is not None and self._ready.is_set()
 
     @contextlib.asynccontextmanager
     async def active(self) -> AsyncIterator[None]:
@@ -98,14 +104,16 @@ class Subscriber:
         self._users += 1
         try:
             if self._task is None:
-                self._ready = anyio.Event()
+                self._ready = ready = anyio.Event()
                 self._scope = anyio.CancelScope()
-                self._task = asyncio.create_task(self._main(self._scope, self._ready))
+                self._task = asyncio.create_task(self._main(self._scope, ready))
+            assert self._ready is not None
             await self._ready.wait()
             yield
         finally:
             self._users -= 1
             if self._users == 0 and self._task is not None:
+                assert self._scope is not None
                 self._scope.cancel()
                 self._retiring.add(self._task)
                 self._task.add_done_callback(self._retiring.discard)
@@ -116,7 +124,7 @@ class Subscriber:
         try:
             callback(*args)
         except Exception:
-            _log.exception("subscriber on %s: handling %r failed", self._channel, args)
+            log.exception("subscriber on %s: handling %r failed", self._channel, args)
 
     async def _main(self, scope: anyio.CancelScope, ready: anyio.Event) -> None:
         with scope:
@@ -124,12 +132,15 @@ class Subscriber:
 
     async def _listen(self, ready: anyio.Event) -> None:
         failures = 0
-        pubsub = self._client.pubsub()
+        pubsub: Any = self._client.pubsub()  # its methods are not all typed
+        since = cancellation.mark()
         try:
             while True:
                 try:
                     await pubsub.subscribe(self._channel)
+                    cancellation.deliver(since)
                     async for message in pubsub.listen():
+                        cancellation.deliver(since)
                         kind = text(message["type"])
                         if kind == "message":
                             self._deliver(self._on_message, text(message["data"]))
@@ -144,11 +155,11 @@ class Subscriber:
                     delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS) - 1)]
                     failures += 1
                     expected = isinstance(exc, RedisError | OSError)
-                    _log.log(
+                    log.log(
                         logging.DEBUG if expected else logging.WARNING,
-                        "subscriber on %s failed (%r); retry in %s s",
+                        "subscriber on %s failed (%s); retry in %s s",
                         self._channel,
-                        exc,
+                        describe(exc),
                         delay,
                         exc_info=not expected,
                     )

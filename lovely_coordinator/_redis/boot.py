@@ -1,0 +1,164 @@
+"""What each client's server is: its version (checked once) and its current boot.
+
+**Version.** The scripts need Redis >= 7.0 or Valkey >= 7.2 (the first Valkey).
+The first call through a client reads ``INFO server`` once and refuses an older server
+with :class:`~lovely_coordinator.redis.UnsupportedServerError`, before anything is
+written; later calls cost a dictionary lookup.
+
+**Boot.** A server restarted without persistence has forgotten every lease and permit,
+while their holders may still be running: its scripts therefore grant nothing from an
+object whose state they do not find until a ttl has passed since the server started (the
+quiet period, see scripts.py). A server *known* to be new holds no grants anywhere, and
+whoever starts one may say so: ``SET lovely-coordinator:fresh-boot <run_id>``, with the
+``run_id`` of that boot from ``INFO server``. A client that is told of a quiet period reads
+that key (once per boot) and, if it names the boot, passes the run id to the scripts,
+which then skip the quiet period. A later restart has another run id, so the declaration
+never carries over to a boot nobody vouched for. (The test and demo servers are declared
+this way by ``server.py``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import redis.asyncio
+from redis.exceptions import ResponseError
+
+from .._errors import UnsupportedServerError
+from .keys import FRESH_BOOT_KEY
+from .log import log
+from .subscriber import text
+
+__all__ = [
+    "declared_fresh",
+    "ensure_supported",
+    "fresh_run_id",
+    "on_quiet",
+    "tell_quiet",
+    "too_old",
+]
+
+
+OLDEST_REDIS: Final = (7, 0)
+OLDEST_VALKEY: Final = (7, 2)  # the first Valkey release
+
+
+@dataclass
+class _ServerState:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    checked: bool = False
+    refused: UnsupportedServerError | None = None
+    fresh_checked_for: str | None = None  # the run id whose declaration was read
+    fresh: str = ""  # that run id if it was declared fresh
+    quiet_told_for: str | None = None
+
+
+_states: weakref.WeakKeyDictionary[redis.asyncio.Redis, _ServerState] = weakref.WeakKeyDictionary()
+
+
+def _state(client: redis.asyncio.Redis) -> _ServerState:
+    state = _states.get(client)
+    if state is None:
+        state = _states[client] = _ServerState()
+    return state
+
+
+def _version(value: object) -> tuple[int, ...]:
+    parts = []
+    for piece in str(value).split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def too_old(info: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(server name, version)`` if ``INFO server`` describes an unsupported server.
+
+    Valkey (which also reports ``redis_version:7.2.4`` for compatibility) is judged by its
+    own version; anything else by ``redis_version``.
+    """
+    name = str(info.get("server_name") or "redis")
+    if name == "valkey":
+        version, oldest = str(info.get("valkey_version", "0")), OLDEST_VALKEY
+    else:
+        version, oldest = str(info.get("redis_version", "0")), OLDEST_REDIS
+    if _version(version) >= oldest:
+        return None
+    return {"redis": "Redis", "valkey": "Valkey"}.get(name, name), version
+
+
+async def ensure_supported(client: redis.asyncio.Redis) -> None:
+    """Refuse a server older than Redis 7.0 / Valkey 7.2 (read once per client, remembered).
+
+    Raises:
+        UnsupportedServerError: the server is too old.
+        redis.exceptions.RedisError: the server could not be asked.
+    """
+    state = _state(client)
+    if state.checked:
+        if state.refused is not None:
+            raise state.refused
+        return
+    async with state.lock:
+        if not state.checked:
+            found = too_old(await client.info("server"))
+            if found is not None:
+                state.refused = UnsupportedServerError(*found)
+            state.checked = True
+    if state.refused is not None:
+        raise state.refused
+
+
+def fresh_run_id(client: redis.asyncio.Redis) -> str:
+    """The run id of the client's server boot if it was declared fresh, else ``""``."""
+    state = _states.get(client)
+    return "" if state is None else state.fresh
+
+
+async def declared_fresh(client: redis.asyncio.Redis, run_id: str) -> bool:
+    """Whether boot ``run_id`` was declared fresh (the key is read once per boot).
+
+    A server that refuses the read (an ACL that does not cover the key) declares nothing.
+    """
+    state = _state(client)
+    if state.fresh_checked_for != run_id:
+        try:
+            value = await client.get(FRESH_BOOT_KEY)
+        except ResponseError:
+            value = None
+        state.fresh_checked_for = run_id
+        state.fresh = run_id if value is not None and text(value) == run_id else ""
+    return state.fresh == run_id
+
+
+async def on_quiet(client: redis.asyncio.Redis, what: str, remaining_ms: int, run_id: str) -> bool:
+    """What a waiter does when a script tells it of a quiet period (see ``grant.py``).
+
+    Returns:
+        True if boot ``run_id`` was declared fresh: the attempt is to be made again at
+        once, with the run id. Otherwise the period is logged (:func:`tell_quiet`).
+    """
+    if await declared_fresh(client, run_id):
+        return True
+    tell_quiet(client, run_id, what, remaining_ms)
+    return False
+
+
+def tell_quiet(client: redis.asyncio.Redis, run_id: str, what: str, remaining_ms: int) -> None:
+    """Log a quiet period: once per client and boot at WARNING, then at DEBUG."""
+    state = _state(client)
+    first = state.quiet_told_for != run_id
+    state.quiet_told_for = run_id
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "the Redis server started less than a ttl ago and holds no state for %s: it may "
+        "have restarted without persistence while grants were still held, so nothing is "
+        "granted for %.1f s (quiet period)",
+        what,
+        remaining_ms / 1000,
+    )

@@ -1,0 +1,55 @@
+"""Helpers shared by the Redis tests (imported, never collected)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis.exceptions
+
+from lovely_coordinator._redis.keys import object_base
+from lovely_coordinator._redis.server import ThrowawayServer
+
+# Options of a client that retries a command once its pooled connection died with the server
+# (Redis.from_url() clients do not retry at all by default in redis-py 8).
+RECONNECTING: dict[str, Any] = {"retry_on_error": [redis.exceptions.ConnectionError]}
+
+
+@pytest.fixture
+def own_server() -> Iterator[ThrowawayServer]:
+    """A private server this test may kill, pause or restart."""
+    with ThrowawayServer() as server:
+        yield server
+
+
+def lock_keys(conversation_id: str, prefix: str = "lovely:") -> dict[str, str]:
+    base = object_base(prefix, "conv", conversation_id)
+    return {part: f"{base}:{part}" for part in ("lock", "fence", "waiting", "quiet")}
+
+
+def pool_key(name: str, part: str, prefix: str = "lovely:") -> str:
+    return f"{object_base(prefix, 'pool', name)}:{part}"
+
+
+def pool_keys(name: str, prefix: str = "lovely:") -> list[str]:
+    """The KEYS of the pool scripts, without the tombstone."""
+    parts = ("holders", "queue", "waiters", "ticket", "fence", "grants", "quiet")
+    return [pool_key(name, part, prefix) for part in parts]
+
+
+async def run_id(client: Any) -> str:
+    info = await client.info("server")
+    return str(info["run_id"])
+
+
+async def uptime_at_least(client: Any, seconds: int) -> None:
+    """Wait until the server reports at least ``seconds`` of uptime (whole seconds)."""
+    while (await client.info("server"))["uptime_in_seconds"] < seconds:  # noqa: ASYNC110
+        await anyio.sleep(0.05)  # (server-side state: nothing to wait on locally)
+
+
+async def server_time_us(client: Any) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1_000_000 + int(micros)
