@@ -22,9 +22,15 @@ from typing import Literal, TypeVar
 
 import anyio
 
-from . import CoordinatorStatistics, ModelTuple, create_agent_coordinator, current_permit
+from . import (
+    AgentCoordinator,
+    CoordinatorStatistics,
+    ModelTuple,
+    create_agent_coordinator,
+    current_permit,
+)
 
-__all__ = ["Event", "Report", "main", "simulate"]
+__all__ = ["Event", "Report", "format_report", "main", "simulate"]
 
 T = TypeVar("T")
 
@@ -81,9 +87,13 @@ class RateLimited(Exception):
         self.retry_after = retry_after
 
 
-async def simulate(scale: float = 1.0) -> Report:
-    """Run the fleet on the current event loop; durations are multiplied by ``scale``."""
-    coord = create_agent_coordinator(MAX_CONCURRENCY)
+async def simulate(scale: float = 1.0, coordinator: AgentCoordinator | None = None) -> Report:
+    """Run the fleet on the current event loop; durations are multiplied by ``scale``.
+
+    ``coordinator``: the one to run it on (a fresh one by default), e.g. one whose
+    statistics are being served (``demo --top``).
+    """
+    coord = create_agent_coordinator(MAX_CONCURRENCY) if coordinator is None else coordinator
     report = Report(MAX_CONCURRENCY)
     start = anyio.current_time()
     in_flight = 0
@@ -183,7 +193,8 @@ async def simulate(scale: float = 1.0) -> Report:
     return report
 
 
-def _format(report: Report) -> str:
+def format_report(report: Report) -> str:
+    """What the demo prints: the events, then a summary."""
     lines = [
         f"A simulated fleet: {len(FLEET)} parents, "
         f"{sum(len(c) for _, c in FLEET)} children, {len(FLEET)} model tuples, "
@@ -234,24 +245,38 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--scale",
         type=float,
-        default=1.0,
-        help="multiply every simulated duration by this (default 1: about three seconds)",
+        default=None,
+        help="multiply every simulated duration by this (default 1: about three seconds; "
+        "3 with --top)",
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--top",
+        action="store_true",
+        help="watch the fleet live (python -m lovely_coordinator top), slowed down 3x "
+        "unless --scale is given; needs lovely-coordinator[top]",
+    )
     parser.add_argument(
         "--replicas",
         type=int,
         help="run it across this many processes on a throwaway Valkey (see _demo_replicas)",
     )
     args = parser.parse_args(argv)
-    if not args.scale > 0:
+    scale = args.scale if args.scale is not None else 3.0 if args.top else 1.0
+    if not scale > 0:
         parser.error("--scale must be positive")
     if args.replicas is not None:
         if not 2 <= args.replicas <= 8:
             parser.error("--replicas must be from 2 to 8")
+        if args.top:
+            parser.error("--top watches one process: it does not combine with --replicas")
         from ._demo_replicas import main as across_replicas
 
-        return across_replicas(args.replicas, args.scale)
-    report = anyio.run(simulate, args.scale, backend=args.backend)
-    print(_format(report))
+        return across_replicas(args.replicas, scale)
+    if args.top:
+        from ._top import demo_top
+
+        return demo_top(scale, args.backend)
+    report = anyio.run(simulate, scale, backend=args.backend)
+    print(format_report(report))
     return 0
