@@ -15,7 +15,9 @@ by ``subscribe``. It uses the public API only.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
@@ -29,6 +31,7 @@ from . import (
     create_agent_coordinator,
     current_permit,
 )
+from ._top import NEEDS_RICH, watch
 
 __all__ = ["Event", "Report", "format_report", "main", "simulate"]
 
@@ -274,9 +277,36 @@ def main(argv: list[str]) -> int:
 
         return across_replicas(args.replicas, scale)
     if args.top:
-        from ._top import demo_top
-
         return demo_top(scale, args.backend)
     report = anyio.run(simulate, scale, backend=args.backend)
     print(format_report(report))
+    return 0
+
+
+def demo_top(scale: float, backend: str) -> int:
+    """``demo --top``: the demo's fleet, served and watched live; the report at the end."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        print(NEEDS_RICH, file=sys.stderr)
+        return 2
+    from anyio.from_thread import start_blocking_portal
+
+    coordinator = create_agent_coordinator(MAX_CONCURRENCY)
+    with start_blocking_portal(backend) as portal:
+        with portal.wrap_async_context_manager(coordinator.serve_statistics()) as (host, port):
+            run = portal.start_task_soon(simulate, scale, coordinator)
+            finished_at: list[float] = []
+
+            def done() -> bool:
+                # Keep the last screen up for a moment after the fleet finished.
+                if run.done() and not finished_at:
+                    finished_at.append(time.monotonic())
+                return bool(finished_at) and time.monotonic() - finished_at[0] > 1.5
+
+            watch(f"http://{host}:{port}", interval=0.25, done=done)
+            if not run.done():
+                run.cancel()  # left early: stop the fleet
+                return 0
+        print(format_report(run.result()))
     return 0

@@ -7,7 +7,7 @@ and why they wait ("waited 3.2 s"). Times are shown as durations, never as clock
 ``q`` or Ctrl-C leaves. An unreachable endpoint is shown, and retried, not fatal.
 
 Needs ``rich``: ``pip install 'lovely-coordinator[top]'``. ``demo --top`` runs the demo's
-fleet with an endpoint and this view on it (:func:`demo_top`).
+fleet with an endpoint and this view on it (``_demo.demo_top``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-__all__ = ["demo_top", "main", "render", "seconds", "watch"]
+__all__ = ["NEEDS_RICH", "main", "render", "seconds", "watch"]
 
-_NEEDS_RICH: Final = "top needs rich: pip install 'lovely-coordinator[top]'"
+NEEDS_RICH: Final = "top needs rich: pip install 'lovely-coordinator[top]'"
 LONGEST: Final = 10  # waiters shown
 
 
@@ -238,7 +238,7 @@ def main(argv: list[str]) -> int:
     try:
         import rich  # noqa: F401
     except ImportError:
-        print(_NEEDS_RICH, file=sys.stderr)
+        print(NEEDS_RICH, file=sys.stderr)
         return 2
     if args.once:
         from rich.console import Console
@@ -251,35 +251,3 @@ def main(argv: list[str]) -> int:
         Console().print(render(document, args.url))
         return 0
     return watch(args.url, args.interval)
-
-
-def demo_top(scale: float, backend: str) -> int:
-    """``demo --top``: the demo's fleet, served and watched live; the report at the end."""
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        print(_NEEDS_RICH, file=sys.stderr)
-        return 2
-    from anyio.from_thread import start_blocking_portal
-
-    from . import create_agent_coordinator
-    from ._demo import MAX_CONCURRENCY, format_report, simulate
-
-    coordinator = create_agent_coordinator(MAX_CONCURRENCY)
-    with start_blocking_portal(backend) as portal:
-        with portal.wrap_async_context_manager(coordinator.serve_statistics()) as (host, port):
-            run = portal.start_task_soon(simulate, scale, coordinator)
-            finished_at: list[float] = []
-
-            def done() -> bool:
-                # Keep the last screen up for a moment after the fleet finished.
-                if run.done() and not finished_at:
-                    finished_at.append(time.monotonic())
-                return bool(finished_at) and time.monotonic() - finished_at[0] > 1.5
-
-            watch(f"http://{host}:{port}", interval=0.25, done=done)
-            if not run.done():
-                run.cancel()  # left early: stop the fleet
-                return 0
-        print(format_report(run.result()))
-    return 0

@@ -26,7 +26,8 @@ from anyio import wait_all_tasks_blocked
 from rich.console import Console
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
-from lovely_coordinator._top import demo_top, main, render, seconds, watch
+from lovely_coordinator._demo import demo_top
+from lovely_coordinator._top import main, render, seconds, watch
 
 A = ModelTuple("openai", "gpt-4o")
 B = ModelTuple("anthropic", "claude-sonnet-4")
