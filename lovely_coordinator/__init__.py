@@ -21,6 +21,7 @@ from ._errors import TupleSuspendedError as TupleSuspendedError
 from ._errors import UsageError as UsageError
 from ._global import get_agent_coordinator as get_agent_coordinator
 from ._global import get_bash_coordinator as get_bash_coordinator
+from ._instruments import Instrument as Instrument
 from ._permits import AgentPermit as AgentPermit
 from ._permits import AgentReservation as AgentReservation
 from ._permits import current_permit as current_permit
@@ -44,6 +45,7 @@ __all__ = [
     "CoordinatorError",
     "CoordinatorStatistics",
     "IncompatibleCoordinatorError",
+    "Instrument",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "ModelRequest",

@@ -13,6 +13,7 @@ commands:
   demo     run a short simulated agent fleet (no network) and print what happened;
            --replicas 3: across 3 processes sharing a throwaway Valkey
   bench    run the benchmarks (python -m lovely_coordinator bench --help)
+  top      watch a coordinator's serve_statistics() endpoint live (top URL)
 """
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    modules = {"demo": "._demo", "bench": "._bench"}
+    modules = {"demo": "._demo", "bench": "._bench", "top": "._top"}
     if command in modules:
         entry: Callable[[list[str]], int] = importlib.import_module(
             modules[command], __package__

@@ -7,10 +7,12 @@ the lock, and the scheduler grants whatever that lets run before the call return
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 from ._core import CoordinatorCore
-from ._types import ModelTupleLike, as_model_tuple
+from ._events import GATES, gate_closed, gate_reopened
+from ._types import ModelTuple, ModelTupleLike, as_model_tuple
 from ._validate import as_index, as_optional_index, as_seconds
 
 __all__ = ["LIMIT_MESSAGE", "CoordinatorControls"]
@@ -88,8 +90,24 @@ class CoordinatorControls(CoordinatorCore):
         after = None if reopen_after is None else as_seconds(reopen_after, _REOPEN_MESSAGE)
         with self._lock:
             self._follow()
-            at = None if after is None else self._clock.now() + after
+            now = self._clock.now()
+            at = None if after is None else now + after
+            if not GATES.isEnabledFor(logging.INFO):
+                self._scheduler.close(model_tuple, at)
+                return
+            before = self._gate(model_tuple)
             self._scheduler.close(model_tuple, at)
+            gate_closed(
+                model_tuple, before, self._gate(model_tuple), now + self._clock.here_minus_home()
+            )
+
+    def _gate(self, model_tuple: ModelTuple) -> tuple[bool, float | None]:
+        # (open, reopens_at on the caller's clock), for the log (under the lock).
+        state = self._scheduler.tuple_state(model_tuple)
+        if state is None or state.open:
+            return True, None
+        at = state.reopens_at
+        return False, None if at is None else at + self._clock.here_minus_home()
 
     def open_tuple(self, t: ModelTupleLike) -> None:
         """Open tuple ``t``'s gate (fine when open); its waiters may be granted at once.
@@ -99,7 +117,10 @@ class CoordinatorControls(CoordinatorCore):
         """
         model_tuple = as_model_tuple(t)
         with self._lock:
+            was_open = self._scheduler.is_open(model_tuple, None)
             self._scheduler.open(model_tuple)
+        if not was_open and GATES.isEnabledFor(logging.INFO):
+            gate_reopened(model_tuple, "open_tuple")
 
     def is_tuple_open(self, t: ModelTupleLike) -> bool:
         """Whether tuple ``t``'s gate is open (a pure read).

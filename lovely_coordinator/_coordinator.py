@@ -31,6 +31,7 @@ from ._controls import LIMIT_MESSAGE, CoordinatorControls
 from ._core import CoordinatorCore
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._lines import DONE
+from ._observe import CoordinatorObservation
 from ._permits import (
     WAIT_MESSAGE,
     WORK_MESSAGE,
@@ -92,7 +93,7 @@ def create_agent_coordinator(
 
 
 @final
-class AgentCoordinator(CoordinatorControls, CoordinatorRegistries):
+class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorRegistries):
     """A counting semaphore for agent runs and model calls, fair by acceptance order.
 
     Think of a waiting room with ``max_concurrency`` doors. Everyone takes a number (the

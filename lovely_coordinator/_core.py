@@ -196,7 +196,11 @@ class CoordinatorCore:
                 self._follow()
             return self._scheduler.lend_end(ticket, parker)
 
-    def _settle(self, ticket: RequestTicket, tokens: int) -> None:
+    def _settle(self, ticket: RequestTicket, tokens: int, increase: int = 0) -> None:
+        # ``increase``: how much more than its largest earlier settlement (instruments).
         with self._lock:
             self._follow()
             self._scheduler.settle(ticket, tokens)
+            observer = self._scheduler.observer
+            if increase and observer is not None:
+                observer.settled(ticket.tuple_state.tuple, increase)

@@ -15,16 +15,25 @@ by ``subscribe``. It uses the public API only.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import anyio
 
-from . import CoordinatorStatistics, ModelTuple, create_agent_coordinator, current_permit
+from . import (
+    AgentCoordinator,
+    CoordinatorStatistics,
+    ModelTuple,
+    create_agent_coordinator,
+    current_permit,
+)
+from ._top import NEEDS_RICH, watch
 
-__all__ = ["Event", "Report", "main", "simulate"]
+__all__ = ["Event", "Report", "format_report", "main", "simulate"]
 
 T = TypeVar("T")
 
@@ -81,9 +90,13 @@ class RateLimited(Exception):
         self.retry_after = retry_after
 
 
-async def simulate(scale: float = 1.0) -> Report:
-    """Run the fleet on the current event loop; durations are multiplied by ``scale``."""
-    coord = create_agent_coordinator(MAX_CONCURRENCY)
+async def simulate(scale: float = 1.0, coordinator: AgentCoordinator | None = None) -> Report:
+    """Run the fleet on the current event loop; durations are multiplied by ``scale``.
+
+    ``coordinator``: the one to run it on (a fresh one by default), e.g. one whose
+    statistics are being served (``demo --top``).
+    """
+    coord = create_agent_coordinator(MAX_CONCURRENCY) if coordinator is None else coordinator
     report = Report(MAX_CONCURRENCY)
     start = anyio.current_time()
     in_flight = 0
@@ -183,7 +196,8 @@ async def simulate(scale: float = 1.0) -> Report:
     return report
 
 
-def _format(report: Report) -> str:
+def format_report(report: Report) -> str:
+    """What the demo prints: the events, then a summary."""
     lines = [
         f"A simulated fleet: {len(FLEET)} parents, "
         f"{sum(len(c) for _, c in FLEET)} children, {len(FLEET)} model tuples, "
@@ -234,24 +248,65 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--scale",
         type=float,
-        default=1.0,
-        help="multiply every simulated duration by this (default 1: about three seconds)",
+        default=None,
+        help="multiply every simulated duration by this (default 1: about three seconds; "
+        "3 with --top)",
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--top",
+        action="store_true",
+        help="watch the fleet live (python -m lovely_coordinator top), slowed down 3x "
+        "unless --scale is given; needs lovely-coordinator[top]",
+    )
     parser.add_argument(
         "--replicas",
         type=int,
         help="run it across this many processes on a throwaway Valkey (see _demo_replicas)",
     )
     args = parser.parse_args(argv)
-    if not args.scale > 0:
+    scale = args.scale if args.scale is not None else 3.0 if args.top else 1.0
+    if not scale > 0:
         parser.error("--scale must be positive")
     if args.replicas is not None:
         if not 2 <= args.replicas <= 8:
             parser.error("--replicas must be from 2 to 8")
+        if args.top:
+            parser.error("--top watches one process: it does not combine with --replicas")
         from ._demo_replicas import main as across_replicas
 
-        return across_replicas(args.replicas, args.scale)
-    report = anyio.run(simulate, args.scale, backend=args.backend)
-    print(_format(report))
+        return across_replicas(args.replicas, scale)
+    if args.top:
+        return demo_top(scale, args.backend)
+    report = anyio.run(simulate, scale, backend=args.backend)
+    print(format_report(report))
+    return 0
+
+
+def demo_top(scale: float, backend: str) -> int:
+    """``demo --top``: the demo's fleet, served and watched live; the report at the end."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        print(NEEDS_RICH, file=sys.stderr)
+        return 2
+    from anyio.from_thread import start_blocking_portal
+
+    coordinator = create_agent_coordinator(MAX_CONCURRENCY)
+    with start_blocking_portal(backend) as portal:
+        with portal.wrap_async_context_manager(coordinator.serve_statistics()) as (host, port):
+            run = portal.start_task_soon(simulate, scale, coordinator)
+            finished_at: list[float] = []
+
+            def done() -> bool:
+                # Keep the last screen up for a moment after the fleet finished.
+                if run.done() and not finished_at:
+                    finished_at.append(time.monotonic())
+                return bool(finished_at) and time.monotonic() - finished_at[0] > 1.5
+
+            watch(f"http://{host}:{port}", interval=0.25, done=done)
+            if not run.done():
+                run.cancel()  # left early: stop the fleet
+                return 0
+        print(format_report(run.result()))
     return 0

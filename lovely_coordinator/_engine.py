@@ -20,9 +20,11 @@ so tests can drive it and the hot path never reads it.
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Callable, Iterator
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
+from ._events import BUDGETS, budget_exhausted
 from ._lines import (
     GRANTED,
     QUEUED,
@@ -35,6 +37,9 @@ from ._lines import (
     TupleState,
 )
 from ._types import ModelTuple
+
+if TYPE_CHECKING:
+    from ._instruments import Dispatch
 
 __all__ = [
     "BUDGET",
@@ -89,6 +94,7 @@ class Engine:
         "lent",
         "limit",
         "max_queued",
+        "observer",
         "on_change",
         "queued",
         "version",
@@ -114,6 +120,9 @@ class Engine:
         # a wake-up exists (its timer must be armed): the hot path pays two reads.
         self.on_change: Callable[[], object] = _nothing
         self.hooked = False
+        # The registered instruments (``_instruments``), told of every wait's start and
+        # end; None while there are none, which is all the hot paths test.
+        self.observer: Dispatch | None = None
         self._clock: Callable[[], float] = clock or _no_clock
         self._counter = 0
         self._seq = 0
@@ -248,6 +257,8 @@ class Engine:
             return True
         state.block = ticket
         self._block_until(state, ready)
+        if BUDGETS.isEnabledFor(logging.DEBUG):
+            budget_exhausted(state, ticket, ready, now)
         return False
 
     def _block_until(self, state: TupleState, instant: float) -> None:
@@ -324,6 +335,8 @@ class Engine:
     def _grant(self, ticket: Ticket) -> None:
         """Give ``ticket`` a slot of its own (it left its line or the bypass heap)."""
         state = ticket.tuple_state
+        if self.observer is not None:
+            self.observer.ended(ticket, "granted")
         ticket.state = GRANTED
         self.queued -= 1
         state.queued -= 1
@@ -334,6 +347,7 @@ class Engine:
         if ticket.bypass:
             ticket.bypass = False
             self.lent -= 1
+            state.lent -= 1
         elif ticket.request:
             self._draw(state, ticket)
         parker = ticket.parker
@@ -358,6 +372,8 @@ class Engine:
             if not self._may_draw(state, head):
                 return
             line.pop()
+            if self.observer is not None:
+                self.observer.ended(head, "granted")
             head.state = GRANTED
             self.queued -= 1
             state.queued -= 1

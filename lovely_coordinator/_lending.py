@@ -65,12 +65,15 @@ class Lending(Settings):
         if state == GRANTED:
             ticket.state = LENT
             self.lent += 1
+            ticket.tuple_state.lent += 1
             if self._give_up_cover(ticket):
                 ticket.deferred = True
             else:
                 self._return_slot(ticket.tuple_state)
         elif state == QUEUED:
             assert ticket.bypass
+            if self.observer is not None:
+                self.observer.ended(ticket, "cancelled")  # this reacquire is withdrawn
             self._unqueue(ticket)  # it leaves the queue, and stays counted in lent
             ticket.state = LENT
             ticket.bypass = False
@@ -95,6 +98,7 @@ class Lending(Settings):
             ticket.deferred = False
             ticket.state = GRANTED
             self.lent -= 1
+            ticket.tuple_state.lent -= 1
             self._changed()
             return False
         order = self.next_order() if self.fresh_reacquire else ticket.origin
@@ -109,9 +113,12 @@ class Lending(Settings):
         ticket.bypass = True
         ticket.reject = False  # a reacquire is never failed by a closing gate
         ticket.parker = parker
+        ticket.since = None  # a new wait: stamped below if it really queues
         self.queued += 1
         state.queued += 1
         heapq.heappush(self._bypass, (order, ticket.seq, ticket))
         self._drain()
+        if ticket.state == QUEUED:
+            self._waits(ticket)
         self._changed()
         return True

@@ -92,6 +92,8 @@ class Ticket:
         bypass: the place in line is a lending permit's reacquire (ignores gates, caps).
         parker: the task waiting for this ticket, if one is parked.
         error: why the ticket failed, when nobody was parked to receive it.
+        since: ``time.monotonic()`` when it started to wait, set only where it really
+            queues (None for a ticket granted at once); for observation, never decisions.
 
     A permit's own: ``origin`` (the acceptance order it was first granted with),
     ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
@@ -111,6 +113,7 @@ class Ticket:
         "parker",
         "reject",
         "seq",
+        "since",
         "state",
         "tuple_state",
     )
@@ -136,6 +139,7 @@ class Ticket:
     bypass: bool
     parker: Wakeable | None
     error: BaseException | None
+    since: float | None
 
     def __repr__(self) -> str:
         kind = "request" if self.request else "permit"
@@ -171,6 +175,7 @@ class PermitTicket(Ticket):
         self.bypass = False
         self.parker = None
         self.error = None
+        self.since = None
         self.origin = order
         self.lends = 0
         self.covering = None
@@ -202,6 +207,7 @@ class RequestTicket(Ticket):
         self.bypass = False
         self.parker = None
         self.error = None
+        self.since = None
         self.tokens = tokens
         self.cover = None
         self.covered = False
@@ -334,6 +340,9 @@ class TupleState:
           covered by a permit of another tuple (they count against this tuple's cap).
         * ``queued`` counts its INACTIVE and QUEUED tickets (reacquires included).
         * ``foreground`` holds exactly its queued tickets with ``reject`` set.
+        * ``inactive`` holds exactly its INACTIVE tickets (reservations not yet activated,
+          which are in no line), oldest first; ``lent`` counts its LENT permits and
+          queued reacquires (so the tuple is never idle while a permit of it is lent).
         * ``block``, when set, is the earliest request that the budget holds back (the
           *front*); no request of the tuple with a later key may draw until
           ``block_until``, when the budget holds the front.
@@ -347,6 +356,8 @@ class TupleState:
         "covered",
         "explicit",
         "foreground",
+        "inactive",
+        "lent",
         "limit",
         "open",
         "permits",
@@ -370,6 +381,8 @@ class TupleState:
         self.open = True
         self.reopens_at: float | None = None
         self.foreground: dict[Ticket, None] | None = None  # created on first use
+        self.inactive: dict[Ticket, None] | None = None  # created on first use
+        self.lent = 0
         self.request_bucket: Bucket | None = None
         self.token_bucket: Bucket | None = None
         # Which dimensions set_budget set (bit 1: requests, bit 2: tokens); the others,
@@ -403,6 +416,7 @@ class TupleState:
             not self.queued
             and not self.active
             and not self.borrowed
+            and not self.lent
             and self.open
             and self.limit is None
             and self.request_bucket is None

@@ -52,12 +52,13 @@ class ModelRequest:
             was last settled at.
     """
 
-    __slots__ = ("_coordinator", "_order", "_ticket")
+    __slots__ = ("_coordinator", "_order", "_settled", "_ticket")
 
     def __init__(self, coordinator: CoordinatorCore, ticket: RequestTicket) -> None:
         self._coordinator = coordinator
         self._ticket = ticket
         self._order = ticket.order
+        self._settled = 0  # its largest settlement so far (for instruments' token counts)
 
     def __repr__(self) -> str:
         return f"<ModelRequest {self.tuple} order={self._order} tokens={self.tokens}>"
@@ -82,7 +83,11 @@ class ModelRequest:
         Raises:
             InvalidArgumentError: ``tokens`` is not an int ≥ 0 (nothing changed).
         """
-        self._coordinator._settle(self._ticket, as_index(tokens, TOKENS_MESSAGE, minimum=0))
+        value = as_index(tokens, TOKENS_MESSAGE, minimum=0)
+        increase = value - self._settled if value > self._settled else 0
+        self._coordinator._settle(self._ticket, value, increase)
+        if increase:
+            self._settled = value
 
 
 @final

@@ -1,7 +1,9 @@
 """The coordinator's whole scheduling decision, as pure synchronous code.
 
-Nothing here awaits or sleeps, and the only clock is the one the caller passes in (read
-only where a budget needs it). :class:`Scheduler` is a state machine over *tickets*
+Nothing here awaits or sleeps, and the only clock deciding anything is the one the caller
+passes in (read only where a budget needs it); ``time.monotonic()`` stamps when a ticket
+really queues (``Ticket.since``), for how long it waited, never for a decision.
+:class:`Scheduler` is a state machine over *tickets*
 (``_lines.py``): permits, reservations and model requests. The async shell calls it, and
 the scheduler hands grants over by calling ``parker.grant(True)`` / ``parker.fail(error)``
 inside the very call that frees the slot, so nobody can barge in between. Every public
@@ -46,6 +48,7 @@ Data structures, and why every operation is O(log n)
 from __future__ import annotations
 
 import heapq
+from time import monotonic
 from typing import final
 
 from ._errors import CoordinatorBusyError, TupleSuspendedError
@@ -96,8 +99,14 @@ class Scheduler(Lending):
         if state is None:
             state = self._tuples[model_tuple] = TupleState(model_tuple)
         elif reject and not state.open:
+            self._refused(state)
             raise TupleSuspendedError(SUSPENDED_MESSAGE)
         return state
+
+    def _refused(self, state: TupleState) -> None:
+        # A newcomer is rejected before it takes a place (instruments count it).
+        if self.observer is not None:
+            self.observer.refused(state.tuple)
 
     def _would_run(
         self, state: TupleState, order: int | None, tokens: int, cover: Ticket | None
@@ -124,6 +133,7 @@ class Scheduler(Lending):
         # max_queued bounds the waiters: a newcomer that would have to wait while that many
         # already wait is refused (before it draws an order); one that runs at once is not.
         if self.max_queued is not None and self.queued >= self.max_queued and not may_run_now:
+            self._refused(state)
             self._forget_if_idle(state)  # it may have been created just now
             raise CoordinatorBusyError()
 
@@ -163,6 +173,7 @@ class Scheduler(Lending):
         if state is None:
             state = self._tuples[model_tuple] = TupleState(model_tuple)
         elif reject and not state.open:
+            self._refused(state)
             raise TupleSuspendedError(SUSPENDED_MESSAGE)
         # The hot path, inlined: with both heaps empty nobody else may run (work
         # conservation), so a newcomer that may run is the best waiter there is.
@@ -186,6 +197,8 @@ class Scheduler(Lending):
             ticket.state = GRANTED
             self.active += 1
             state.active += 1
+            if self.observer is not None:
+                self.observer.ended(ticket, "granted")
         else:
             if self.max_queued is not None:
                 self._busy(state, active and self.active < self.limit and state.admits)
@@ -202,8 +215,18 @@ class Scheduler(Lending):
                     current = line.entry
                     if current is None or ticket.order < current[0]:
                         self._offer(line)  # (an equal order arrived later: never better)
+                    ticket.since = monotonic()  # (_waits(), inlined)
+                    if self.observer is not None:
+                        self.observer.started(ticket)
                 else:
                     self._make_eligible(ticket)
+                    if ticket.state != GRANTED:
+                        self._waits(ticket)
+            else:
+                if state.inactive is None:
+                    state.inactive = {}
+                state.inactive[ticket] = None  # held only here until activated
+                self._waits(ticket)
         self.version += 1
         if self.hooked or self._wakeups:
             self.on_change()
@@ -239,6 +262,8 @@ class Scheduler(Lending):
             self.active += 1
             state.active += 1
             self._draw(state, ticket)
+            if self.observer is not None:
+                self.observer.ended(ticket, "granted")
             self._changed()
             return ticket
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
@@ -261,6 +286,8 @@ class Scheduler(Lending):
                     cover.candidates = []
                 heapq.heappush(cover.candidates, (ticket.order, ticket.seq, ticket))
                 self._wait_own(ticket)
+        if ticket.state == QUEUED:
+            self._waits(ticket)
         self._changed()
         return ticket
 
@@ -273,6 +300,9 @@ class Scheduler(Lending):
     def activate(self, ticket: Ticket) -> None:
         """Make an inactive ticket eligible (granting it at once if it may run). Else no-op."""
         if ticket.state == INACTIVE:
+            inactive = ticket.tuple_state.inactive
+            assert inactive is not None
+            del inactive[ticket]
             self._make_eligible(ticket)
             self._changed()
 
@@ -336,6 +366,8 @@ class Scheduler(Lending):
             else:
                 assert state == LENT
                 self.lent -= 1
+                ticket.tuple_state.lent -= 1
+                self._forget_if_idle(ticket.tuple_state)
             if ticket.candidates is not None:
                 ticket.candidates = None
         self.version += 1

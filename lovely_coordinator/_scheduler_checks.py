@@ -6,7 +6,9 @@ the state it checks could hide exactly the bug it is there to find), so every "h
 is computed by scanning, not by ``Line.head()``. O(n).
 
 Granted tickets are not stored by the scheduler (their holders keep them), so counts of
-granted and lent tickets are checked by the tests' models, which know every ticket.
+granted and lent tickets are checked by the tests' models, which know every ticket; the
+checks here are that the per-tuple counts add up to the totals, and that every queued
+ticket it holds knows since when it waits.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._engine import BUDGET, GATE, IDLE_KEPT, wakeup_live
-from ._lines import DONE, GRANTED, QUEUED, REQUESTS, Line, Ticket, TupleState
+from ._lines import DONE, GRANTED, INACTIVE, QUEUED, REQUESTS, Line, Ticket, TupleState
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -80,6 +82,15 @@ def check_invariants(engine: Engine) -> None:
         for ticket in state.foreground or ():
             assert ticket.reject, f"foreground {ticket}"
             assert ticket.state in (0, QUEUED), f"foreground {ticket}"
+        for ticket in state.inactive or ():
+            assert ticket.state == INACTIVE, f"inactive {ticket}"
+            assert ticket.tuple_state is state, f"inactive {ticket} of another tuple"
+            assert ticket.since is not None, f"inactive {ticket} without its enqueue time"
+        assert state.lent >= 0
+        for line in (state.permits, state.requests, state.covered):
+            for item in line.items:
+                if line.live(item):
+                    assert item[2].since is not None, f"{item[2]} queued without its time"
         if not state.open and state.reopens_at is not None:
             assert _has_wakeup(engine, state.reopens_at, GATE, state), f"no reopen: {state}"
         block = state.block
@@ -135,6 +146,11 @@ def check_invariants(engine: Engine) -> None:
     assert engine.active == sum(s.active for s in engine._tuples.values())
     assert engine.queued == sum(s.queued for s in engine._tuples.values())
     assert engine.lent >= len(bypass_live)
+    assert engine.lent == sum(s.lent for s in engine._tuples.values()), "lent per tuple"
+    for reacquire in bypass_live:
+        ticket = reacquire[2]
+        assert ticket.since is not None, f"{ticket} reacquires without its time"
+        assert ticket.tuple_state.lent > 0, f"{ticket} reacquires on a tuple with none lent"
     if engine.active < engine.limit:
         assert not bypass_live, "a reacquire could run but waits"
         for state in engine._tuples.values():

@@ -9,11 +9,15 @@ whole and ``_engine.py`` for the grant loop.
 from __future__ import annotations
 
 import heapq
+import logging
+from time import monotonic
 from typing import Final
 
 from ._bucket import Bucket
 from ._engine import DUE_SLACK, GATE, Engine, bypass_live, wakeup_live
 from ._errors import TupleSuspendedError
+from ._events import GATES, gate_reopened
+from ._instruments import CANCELLED, REJECTED, WaitOutcome
 from ._lines import (
     COMPACT_MIN,
     DONE,
@@ -42,15 +46,26 @@ class Settings(Engine):
 
     __slots__ = ()
 
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _waits(self, ticket: Ticket) -> None:
+        """``ticket`` really queued (it was not granted in the call that enqueued it)."""
+        ticket.since = monotonic()
+        if self.observer is not None:
+            self.observer.started(ticket)
+
     # -- leaving ---------------------------------------------------------------------------------
 
-    def _discard(self, ticket: Ticket) -> Wakeable | None:
+    def _discard(self, ticket: Ticket, outcome: WaitOutcome = CANCELLED) -> Wakeable | None:
         assert ticket.state in (INACTIVE, QUEUED)
+        if self.observer is not None:
+            self.observer.ended(ticket, outcome)
         state = ticket.tuple_state
         covered = ticket.covered
         self._unqueue(ticket)
         if ticket.bypass:
             self.lent -= 1
+            state.lent -= 1
             ticket.bypass = False
         ticket.state = DONE
         parker, ticket.parker = ticket.parker, None
@@ -72,7 +87,10 @@ class Settings(Engine):
         if ticket.reject and state.foreground is not None:
             state.foreground.pop(ticket, None)
         if ticket.state != QUEUED:
-            return  # inactive: in no line
+            inactive = state.inactive
+            assert inactive is not None
+            del inactive[ticket]  # inactive: in no line, only there
+            return
         if ticket.bypass:
             self._bypass_dead += 1
             if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
@@ -130,7 +148,7 @@ class Settings(Engine):
         if foreground:
             state.foreground = None
             for ticket in sorted(foreground, key=_key):
-                parker = self._discard(ticket)
+                parker = self._discard(ticket, REJECTED)
                 error = TupleSuspendedError(SUSPENDED_MESSAGE)
                 if parker is not None:
                     parker.fail(error)
@@ -230,6 +248,8 @@ class Settings(Engine):
             if wakeup[2] == GATE:
                 state.open = True
                 state.reopens_at = None
+                if GATES.isEnabledFor(logging.INFO):
+                    gate_reopened(state.tuple, "reopen time reached")
             else:
                 state.block = None
                 state.block_until = None

@@ -22,7 +22,14 @@ def tuple_snapshot(state: TupleState, now: float, shift: float) -> TupleStatisti
     requests, tokens = state.request_bucket, state.token_bucket
     if is_open:
         reopens_at = None
-        if not (state.queued or state.active or state.limit is not None or requests or tokens):
+        if not (
+            state.queued
+            or state.active
+            or state.lent
+            or state.limit is not None
+            or requests
+            or tokens
+        ):
             return None  # idle once its due reopen runs: not listed, as if it had
     return TupleStatistics(
         state.tuple,
@@ -34,6 +41,7 @@ def tuple_snapshot(state: TupleState, now: float, shift: float) -> TupleStatisti
         None if requests is None else requests.available(now),
         None if tokens is None else tokens.available(now),
         None if reopens_at is None else reopens_at - now,
+        state.lent,
     )
 
 

@@ -16,7 +16,13 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import _turns_types
-from ._errors import CoordinationUnavailableError, CoordinatorError, DrainingError, LeaseLostError
+from ._errors import (
+    CoordinationUnavailableError,
+    CoordinatorError,
+    DrainingError,
+    LeaseLostError,
+    UsageError,
+)
 from ._turns_job import Job, failures_of, is_fatal
 from ._turns_types import Lease, Locker
 
@@ -89,6 +95,8 @@ class LeasedTurns:
                     return None
                 if acquiring.cancel_called:
                     refusal = DrainingError()  # drain() cancelled the acquisition
+                elif isinstance(exc, UsageError):
+                    refusal = exc  # a misuse (the locker on the wrong loop): retrying won't help
                 else:
                     refusal = CoordinationUnavailableError()
                     refusal.__cause__ = exc

@@ -158,6 +158,8 @@ class TupleStatistics:
             ``None`` without a requests budget.
         tokens_available: tokens its budget holds now, or ``None`` without a tokens budget.
         reopens_in: seconds until its gate reopens by itself, or ``None``.
+        lent: its permits currently lent (their slot given back while their holder waits),
+            reacquiring ones included.
     """
 
     tuple: ModelTuple
@@ -169,6 +171,7 @@ class TupleStatistics:
     requests_available: float | None = None
     tokens_available: float | None = None
     reopens_in: float | None = None
+    lent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +184,8 @@ class CoordinatorStatistics:
         queued: every waiter, whatever it waits for.
         lent: permits currently lent (their slot given back while their holder waits).
         residents: bound resident agents.
-        tuples: one entry per tuple that is closed, capped, budgeted, or has active or
-            queued work, sorted by tuple.
+        tuples: one entry per tuple that is closed, capped, budgeted, or has active,
+            queued or lent work, sorted by tuple.
     """
 
     max_concurrency: int

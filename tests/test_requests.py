@@ -524,12 +524,12 @@ async def test_a_request_cancelled_at_any_await_leaks_nothing_and_draws_nothing(
             blocker.release()
         assert_idle(coord)
         after = tuple_stats(coord, T)
+        # Requests are whole; the budget also refilled a little meanwhile (real time).
         drawn = before.requests_available - after.requests_available
-        assert drawn in (pytest.approx(0, abs=1e-3), pytest.approx(1, abs=1e-3)) or (
-            waits_for == "permit" and drawn == pytest.approx(2, abs=1e-3)
-        )
+        assert abs(drawn - round(drawn)) < 0.2
+        assert round(drawn) in ((0, 1, 2) if waits_for == "permit" else (0, 1))
         if waits_for in ("slot", "budget"):
-            assert drawn == pytest.approx(0, abs=1e-3)  # cancelled while waiting
+            assert round(drawn) == 0  # cancelled while waiting: nothing drawn
 
 
 @ASYNCIO_ONLY

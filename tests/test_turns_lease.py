@@ -11,6 +11,7 @@ import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
+from lovely_coordinator import UsageError
 from lovely_coordinator.turns import (
     CoordinationUnavailableError,
     DrainingError,
@@ -131,6 +132,20 @@ async def test_a_locker_raising_anything_refuses_the_turn(
             assert refusals == [job.error]
             assert await turns.run("conv", fence_of) == 1, "the next turn gets a lease"
         assert logged(caplog, "could not lock conversation 'conv'") == [cause]
+
+
+async def test_a_locker_misused_refuses_the_turn_with_its_own_usage_error() -> None:
+    """A misuse (a Redis locker under trio) says why, not "retry the turn shortly"."""
+    with anyio.fail_after(5):
+        misuse = UsageError("this locker is asyncio-only")
+        refused: list[BaseException] = []
+        async with TurnRegistry(locker=Locker(acquire_fails_with=misuse)) as turns:
+            job: Job[int] = Job(fence_of, on_refused=refused.append)
+            turns.submit("c", job)
+            await job.wait()
+            assert job.error is misuse
+            assert refused == [misuse]
+            assert await turns.run("c", fence_of) == 1  # the next turn is served
 
 
 @pytest.mark.parametrize("failure", ["abort", "stray cancellation"])

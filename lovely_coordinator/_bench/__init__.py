@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SECTIONS", "Figure", "main"]
 
-SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider")
+SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider", "observe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lovely_coordinator bench")
     parser.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--otel", action="store_true", help="also the observe section")
     args = parser.parse_args(argv)
     unknown = [s for s in args.sections if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     print(f"python {platform.python_version()} on {platform.machine()} ({sys.platform})")
     missed = 0
-    for name in args.sections or SECTIONS:
+    for name in dict.fromkeys([*(args.sections or SECTIONS), *(["observe"] * args.otel)]):
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ImportError as exc:

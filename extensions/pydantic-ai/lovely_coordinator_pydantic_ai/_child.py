@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
 from pydantic_ai import Agent
@@ -26,16 +26,27 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import UsageLimits
 
-from lovely_coordinator import ModelTuple
+from lovely_coordinator import AgentCoordinator, ModelTuple
 
 from ._errors import ChildDisposedError, ChildStoppedError, SubAgentError
 
-if TYPE_CHECKING:
-    from ._tree import AgentTree
-
-__all__ = ["ChildAgent", "RunOptions"]
+__all__ = ["ChildAgent", "RunOptions", "Tree"]
 
 OutputT = TypeVar("OutputT")
+
+
+class Tree(Protocol):
+    """What a child needs of its :class:`~._tree.AgentTree` (kept apart, so the two
+    modules do not import each other)."""
+
+    @property
+    def coordinator(self) -> AgentCoordinator: ...
+
+    def _touch(self, child: ChildAgent[Any]) -> None: ...
+
+    def _run_ended(self, session_id: str) -> None: ...
+
+    async def _deliver(self, child: ChildAgent[Any], content: object) -> None: ...
 
 
 @final
@@ -70,7 +81,7 @@ class ChildAgent(Generic[OutputT]):
 
     def __init__(
         self,
-        tree: AgentTree,
+        tree: Tree,
         agent: Agent[Any, OutputT],
         options: RunOptions,
         *,

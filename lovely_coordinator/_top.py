@@ -1,0 +1,253 @@
+"""``python -m lovely_coordinator top URL``: a live terminal view of ``serve_statistics()``.
+
+It polls ``URL/statistics`` and redraws in place (rich's ``Live`` on the terminal's
+alternate screen, like ``top``): per tuple its active, queued and lent work, its cap, its
+gate ("closed · reopens in 14 s") and what its budget has left; then the longest waiters
+and why they wait ("waited 3.2 s"). Times are shown as durations, never as clock values.
+``q`` or Ctrl-C leaves. An unreachable endpoint is shown, and retried, not fatal.
+
+Needs ``rich``: ``pip install 'lovely-coordinator[top]'``. ``demo --top`` runs the demo's
+fleet with an endpoint and this view on it (``_demo.demo_top``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+__all__ = ["NEEDS_RICH", "main", "render", "seconds", "watch"]
+
+NEEDS_RICH: Final = "top needs rich: pip install 'lovely-coordinator[top]'"
+LONGEST: Final = 10  # waiters shown
+
+
+def seconds(value: float) -> str:
+    """A duration for people: ``3.2 s``, ``14 s``, ``2 min 05 s``, ``1 h 02 min``."""
+    value = max(0.0, value)
+    if value < 10:
+        return f"{value:.1f} s"
+    if value < 60:
+        return f"{value:.0f} s"
+    whole = int(value)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def _amount(value: float) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}" if abs(value) >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def _name(pair: list[str]) -> str:
+    return f"{pair[0]}/{pair[1]}"
+
+
+def _gate(entry: dict[str, Any]) -> str:
+    if entry["open"]:
+        return "[green]open[/]"
+    reopens_in = entry.get("reopens_in")
+    if reopens_in is None:
+        return "[red]closed · until opened[/]"
+    return f"[red]closed · reopens in {seconds(reopens_in)}[/]"
+
+
+def _budget(entry: dict[str, Any]) -> str:
+    parts = []
+    if entry.get("requests_available") is not None:
+        parts.append(f"{_amount(entry['requests_available'])} req")
+    if entry.get("tokens_available") is not None:
+        parts.append(f"{_amount(entry['tokens_available'])} tok")
+    return " · ".join(parts) if parts else "-"
+
+
+def _why(waiter: dict[str, Any], tuples: dict[str, dict[str, Any]], limit: int) -> str:
+    entry = tuples.get(_name(waiter["tuple"]), {})
+    reason = waiter["reason"]
+    if reason == "gate":
+        reopens_in = entry.get("reopens_in")
+        return "gate closed" + ("" if reopens_in is None else f", reopens in {seconds(reopens_in)}")
+    if reason == "tuple_limit":
+        return f"tuple at its limit of {entry.get('limit')}"
+    if reason == "budget":
+        return "budget exhausted"
+    if reason == "inactive":
+        return "reservation not activated"
+    return f"all {limit} slots taken"
+
+
+def render(document: dict[str, Any] | None, url: str, error: str | None = None) -> RenderableType:
+    """The screen for one snapshot (``document`` is the endpoint's JSON)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text.from_markup(f"[bold]lovely-coordinator[/] · {url}")
+    if document is None:
+        return Group(title, Text(""), Text(f"cannot reach {url}: {error}; retrying", style="red"))
+    limit = document["max_concurrency"]
+    summary = Text.from_markup(
+        f"active [bold]{document['active']}[/]/{limit} · queued [bold]{document['queued']}[/]"
+        f" · lent {document['lent']} · residents {document['residents']}"
+    )
+    tuples = Table(box=None, header_style="bold", pad_edge=False, expand=False)
+    for column, justify in (
+        ("tuple", "left"),
+        ("active", "right"),
+        ("queued", "right"),
+        ("lent", "right"),
+        ("limit", "right"),
+        ("gate", "left"),
+        ("budget left", "left"),
+    ):
+        tuples.add_column(column, justify=justify)  # type: ignore[arg-type]
+    by_name = {_name(t["tuple"]): t for t in document["tuples"]}
+    names = [*by_name, *(_name(w["tuple"]) for w in document["waiters"])]
+    widest = max(map(len, names), default=5)
+    tuples.columns[0].no_wrap = True  # a narrow terminal wraps the other columns instead
+    tuples.columns[0].min_width = widest
+    for name, entry in by_name.items():
+        tuples.add_row(
+            name,
+            str(entry["active"]),
+            str(entry["queued"]),
+            str(entry["lent"]),
+            "-" if entry["limit"] is None else str(entry["limit"]),
+            _gate(entry),
+            _budget(entry),
+        )
+    waiting = sorted(document["waiters"], key=lambda w: -w["waited"])[:LONGEST]
+    waiters = Table(box=None, header_style="bold", pad_edge=False, expand=False)
+    for column in ("how long", "tuple", "order", "kind", "why"):
+        waiters.add_column(
+            column, justify="right" if column == "order" else "left", no_wrap=column != "why"
+        )
+    waiters.columns[1].min_width = widest
+    for waiter in waiting:
+        waiters.add_row(
+            f"waited {seconds(waiter['waited'])}",
+            _name(waiter["tuple"]),
+            str(waiter["acceptance_order"]),
+            waiter["kind"],
+            _why(waiter, by_name, limit),
+        )
+    parts: list[RenderableType] = [title, summary, Text("")]
+    parts.append(tuples if by_name else Text("no tuple has work, a cap, a budget or a closed gate"))
+    parts += [Text(""), Text("longest waiters", style="bold")]
+    parts.append(waiters if waiting else Text("nobody waits"))
+    parts += [Text(""), Text("q or Ctrl-C to leave", style="dim")]
+    return Group(*parts)
+
+
+def _statistics_url(url: str) -> str:
+    return url if url.rstrip("/").endswith("/statistics") else url.rstrip("/") + "/statistics"
+
+
+def _fetch(url: str, timeout: float) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        document: dict[str, Any] = json.loads(response.read())
+        return document
+
+
+@contextmanager
+def _keys() -> Iterator[Callable[[float], str | None]]:
+    """``wait(timeout)``: the next key pressed within ``timeout`` seconds, or None."""
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+
+        def sleep(timeout: float) -> str | None:
+            time.sleep(timeout)
+            return None
+
+        yield sleep
+        return
+    import termios
+    import tty
+
+    fd = stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)  # keys arrive one by one, unechoed; Ctrl-C still interrupts
+
+    def wait(timeout: float) -> str | None:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 1).decode(errors="replace") if ready else None
+
+    try:
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def watch(url: str, interval: float = 1.0, *, done: Callable[[], bool] | None = None) -> int:
+    """Show ``url``'s statistics live until ``q``, Ctrl-C or ``done()``; returns 0."""
+    from rich.console import Console
+    from rich.live import Live
+
+    endpoint = _statistics_url(url)
+    console = Console()
+    try:
+        with (
+            _keys() as key,
+            Live(console=console, screen=True, auto_refresh=False, transient=False) as live,
+        ):
+            while True:
+                try:
+                    live.update(render(_fetch(endpoint, timeout=2.0), url), refresh=True)
+                except (OSError, ValueError) as exc:  # unreachable, refused, not JSON
+                    live.update(render(None, url, str(exc)), refresh=True)
+                deadline = time.monotonic() + interval
+                while (left := deadline - time.monotonic()) > 0:
+                    if key(min(left, 0.1)) in ("q", "Q"):
+                        return 0
+                    if done is not None and done():
+                        return 0
+    except KeyboardInterrupt:
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lovely_coordinator top",
+        description="A live view of a coordinator's serve_statistics() endpoint.",
+    )
+    parser.add_argument("url", help="the endpoint's base URL, e.g. http://127.0.0.1:8123")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    args = parser.parse_args(argv)
+    if not args.interval > 0:
+        parser.error("--interval must be positive")
+    if not args.url.startswith(("http://", "https://")):
+        parser.error("the URL must start with http:// (or https://)")
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        print(NEEDS_RICH, file=sys.stderr)
+        return 2
+    if args.once:
+        from rich.console import Console
+
+        try:
+            document = _fetch(_statistics_url(args.url), timeout=5.0)
+        except (OSError, ValueError) as exc:
+            Console().print(render(None, args.url, str(exc)))
+            return 1
+        Console().print(render(document, args.url))
+        return 0
+    return watch(args.url, args.interval)
