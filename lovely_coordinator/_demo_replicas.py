@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -166,6 +167,11 @@ async def _run(replicas: int, scale: float) -> int:
                     tg.start_soon(_collect, child, seen)
             for child in children:
                 child.send("stop")
+            # A replica that finished its turns early still reports what it sees after its
+            # "done" (the gate closing when another replica hits the 429): read each one
+            # to its end, as it exits.
+            for child in children:
+                await _collect_rest(child, seen)
         print(_format(seen, names, f"{name} {version}", server.port, began, scale))
         return 0 if _problems(seen, names, scale) == [] else 1
 
@@ -173,6 +179,12 @@ async def _run(replicas: int, scale: float) -> int:
 async def _collect(child: Child, seen: _Seen) -> None:
     while "done" not in (observation := await child.read()):
         seen.record(observation)
+
+
+async def _collect_rest(child: Child, seen: _Seen) -> None:
+    with contextlib.suppress(EOFError):  # the replica exited after "stop": all was read
+        while True:
+            seen.record(await child.read())
 
 
 def _problems(seen: _Seen, names: list[str], scale: float) -> list[str]:
