@@ -1,4 +1,4 @@
-"""The command line: ``python -m lovely_coordinator demo|bench``."""
+"""The command line: ``python -m lovely_coordinator demo|bench|top``."""
 
 from __future__ import annotations
 

@@ -22,12 +22,34 @@ def _blocks() -> list[str]:
     return _BLOCK.findall(README.read_text(encoding="utf-8"))
 
 
+# What each example prints, as its comments say: (a line the block contains, the printed
+# lines as patterns). Every runnable example has an entry, so none drifts unnoticed.
+_PRINTS: list[tuple[str, list[str]]] = [
+    ("permit.acceptance_order", [r"running with order \d+"]),
+    ("tokens_available < 30_000", ["True"]),
+    ("lanes.wake(room)", ["started", "coalesced", "started"]),
+    (
+        'multitask="replace_queued"',
+        [
+            "0",
+            "1",
+            r"TurnStatistics\(conversations=1, running=1, waiting=1, draining=False\)",
+            "done",
+            "done None",
+        ],
+    ),
+    ("serve_statistics", [r"python -m lovely_coordinator top http://127\.0\.0\.1:\d+"]),
+]
+
+
 def _runnable() -> list[Any]:
-    return [
-        pytest.param(block, id=f"example-{i}")
-        for i, block in enumerate(_blocks())
-        if "anyio.run(main)" in block
-    ]
+    params = []
+    for i, block in enumerate(_blocks()):
+        if "anyio.run(main)" not in block:
+            continue
+        (prints,) = [lines for marker, lines in _PRINTS if marker in block]
+        params.append(pytest.param(block, prints, id=f"example-{i}"))
+    return params
 
 
 def test_readme_has_the_two_setup_commands() -> None:
@@ -39,8 +61,8 @@ def test_readme_has_the_two_setup_commands() -> None:
     assert commands[1].strip() in ci, ".ci/run must run the README's test command verbatim"
 
 
-@pytest.mark.parametrize("source", _runnable())
-def test_example_runs(source: str) -> None:
+@pytest.mark.parametrize(("source", "prints"), _runnable())
+def test_example_runs(source: str, prints: list[str]) -> None:
     # Each example calls anyio.run itself, so it runs in a fresh interpreter.
     result = subprocess.run(
         [sys.executable, "-W", "error", "-c", source],
@@ -50,6 +72,10 @@ def test_example_runs(source: str) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    printed = result.stdout.splitlines()
+    assert len(printed) == len(prints), printed
+    for line, pattern in zip(printed, prints, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
 
 
 def test_redis_example_runs() -> None:
