@@ -174,28 +174,67 @@ class _TrioTimer:
         self._scope.cancel()
 
 
-def call_at(deadline: float, fn: Callable[[], object]) -> Timer:
+class _AsyncioTimer:
+    """A timer that can tell its loop's shutdown from its own ``cancel()``: a task."""
+
+    __slots__ = ("cancelled", "task")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+def call_at(
+    deadline: float, fn: Callable[[], object], on_lost: Callable[[], object] | None = None
+) -> Timer:
     """Run ``fn()`` once the current loop's anyio clock reaches ``deadline``.
 
+    With ``on_lost``, the timer is a task (asyncio) or system task (trio), so that the
+    loop's shutdown cancelling it is seen: ``on_lost()`` runs then, instead of ``fn()``.
     Returns a handle whose ``cancel()`` may only be called on that loop's thread.
 
     Raises:
         NoEventLoop: called outside an asyncio loop or a trio run.
     """
     loop = asyncio._get_running_loop()
-    if loop is not None:
+    if loop is not None and on_lost is None:
         return loop.call_at(deadline, _guarded(fn))
+    call = _guarded(fn)
+    lost = _guarded(on_lost) if on_lost is not None else None
+    if loop is not None:
+        timer = _AsyncioTimer()
+
+        async def waiter() -> None:
+            try:
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+            except asyncio.CancelledError:
+                if not timer.cancelled and lost is not None:
+                    lost()  # the loop shuts down with the timer pending
+                raise
+            call()
+
+        timer.task = loop.create_task(waiter())
+        return timer
     lowlevel = _trio_lowlevel()
     if lowlevel is None:
         raise NoEventLoop("no running event loop")
     trio = sys.modules["trio"]
     scope = trio.CancelScope()
-    call = _guarded(fn)
 
     async def sleeper() -> None:
-        with scope:
-            await trio.sleep_until(deadline)
-            call()
+        try:
+            with scope:
+                await trio.sleep_until(deadline)
+                call()
+        except trio.Cancelled:
+            if lost is not None:
+                lost()  # the run ends with the timer pending
+            raise
 
     lowlevel.spawn_system_task(sleeper, name="lovely_coordinator timer")
     return _TrioTimer(scope)

@@ -41,7 +41,7 @@ from ._permits import (
     find_permit,
 )
 from ._registries import CoordinatorRegistries
-from ._requests import TOKENS_MESSAGE, RequestContext
+from ._requests import RequestContext, as_tokens
 from ._statistics import tuple_snapshot
 from ._types import (
     CoordinatorStatistics,
@@ -282,16 +282,17 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         takes its task's permit as soon as that permit is free. A request entered again
         by the task already inside a request of this coordinator on ``t`` is that request
         (one slot, one draw). At exit a slot of its own is released; what was drawn from
-        the budget stays spent (``call.settle(actual)`` corrects the token charge).
+        the budget stays spent (``call.settle(actual)`` corrects the token charge); a
+        request cancelled before its body began gives back what it drew.
 
         Raises:
             InvalidArgumentError: a bad tuple, acceptance order, or ``tokens`` not an int
-                ≥ 0 (raised here, before anything happens).
+                in [0, 2**53] (raised here, before anything happens).
             TupleSuspendedError: ``reject_on_closed_tuple`` and ``t`` is or gets closed.
             CoordinatorBusyError: ``max_queued`` waiters already wait.
             UsageError: the context manager is entered twice.
         """
-        charge = as_index(tokens, TOKENS_MESSAGE, minimum=0)
+        charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
         return RequestContext(self, model_tuple, charge, order, reject_on_closed_tuple)
 

@@ -47,7 +47,7 @@ class CoordinatorCore:
             max_queued=config.max_queued,
             clock=self._clock.now,
         )
-        self._timer = WakeupTimer(self._clock, self._advance, self._lock)
+        self._timer = WakeupTimer(self._clock, self._advance, self._lock, self._adopt)
         self._scheduler.on_change = self._on_change
 
     # -- the change point ----------------------------------------------------------------------
@@ -83,8 +83,17 @@ class CoordinatorCore:
             self._timer.rearm(scheduler.next_wakeup())
             self._update_hook()
 
+    def _adopt(self) -> None:
+        # On a loop of another thread, after the home loop shut down with a timer pending.
+        with self._lock:
+            self._follow()
+
     def _advance(self) -> None:
-        self._scheduler.advance()  # its change hook re-arms the timer
+        # Its change hook re-arms the timer; when nothing was due (a stale timer that
+        # fired before its cancel arrived from another thread) re-arm here.
+        if not self._scheduler.advance():
+            self._timer.rearm(self._scheduler.next_wakeup())
+            self._update_hook()
 
     def _statistics(self) -> CoordinatorStatistics:
         with self._lock:
@@ -123,11 +132,15 @@ class CoordinatorCore:
         # A wait for ``ticket`` was cancelled while queued: it leaves the line.
         self._discard(ticket)
 
-    def _parker_undo(self, ticket: Ticket, _granted: bool) -> None:
+    def _parker_undo(self, ticket: Ticket, granted: bool) -> None:
         # A wait for ``ticket`` was cancelled after its grant: the slot goes on at once
-        # (unless it was given back already, by a reservation's cancel).
-        if ticket.state == GRANTED:
-            self._release(ticket)
+        # (unless it was given back already, by a reservation's cancel). ``False`` is a
+        # withdrawn reacquire: the ticket is another lend's now, nothing to give back.
+        with self._lock:
+            if granted and ticket.state == GRANTED:
+                if isinstance(ticket, RequestTicket):
+                    self._scheduler.refund(ticket)  # the call was never made
+                self._release(ticket)
 
     def _activate_and_wait(self, ticket: PermitTicket) -> Coroutine[Any, Any, object]:
         """A reservation's run: activate its ticket and return the wait for its slot."""

@@ -27,9 +27,18 @@ from ._validate import as_index
 if TYPE_CHECKING:
     from ._core import CoordinatorCore
 
-__all__ = ["TOKENS_MESSAGE", "ModelRequest", "RequestContext"]
+__all__ = ["MAX_TOKENS", "TOKENS_MESSAGE", "ModelRequest", "RequestContext", "as_tokens"]
 
 TOKENS_MESSAGE: Final = "tokens must be a nonnegative integer"
+# Buckets count in floats: above 2**53 a charge is no longer exact, and far above it
+# no longer representable (an OverflowError in the middle of a grant).
+MAX_TOKENS: Final = 2**53
+
+
+def as_tokens(value: object) -> int:
+    """A token count: an int in ``[0, MAX_TOKENS]``."""
+    return as_index(value, TOKENS_MESSAGE, minimum=0, maximum=MAX_TOKENS)
+
 
 # (request, its coordinator, the task that entered it, the enclosing frame).
 RequestFrame = tuple["ModelRequest", object, object, "RequestFrame | None"]
@@ -81,9 +90,9 @@ class ModelRequest:
         counts. (A bucket may go below zero; later requests then wait longer.)
 
         Raises:
-            InvalidArgumentError: ``tokens`` is not an int ≥ 0 (nothing changed).
+            InvalidArgumentError: ``tokens`` is not an int in [0, 2**53] (nothing changed).
         """
-        value = as_index(tokens, TOKENS_MESSAGE, minimum=0)
+        value = as_tokens(tokens)
         increase = value - self._settled if value > self._settled else 0
         self._coordinator._settle(self._ticket, value, increase)
         if increase:

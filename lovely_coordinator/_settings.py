@@ -219,6 +219,18 @@ class Settings(Engine):
             bucket.adjust(change, self._clock())
             self._budget_moved(state)
 
+    def refund(self, ticket: RequestTicket) -> None:
+        """Give back what a granted request drew: it was cancelled before it resumed."""
+        state = ticket.tuple_state
+        if not state.budgeted:
+            return
+        now = self._clock()
+        if state.request_bucket is not None:
+            state.request_bucket.adjust(-1, now)
+        if state.token_bucket is not None and ticket.tokens:
+            state.token_bucket.adjust(-ticket.tokens, now)
+        self._budget_moved(state)
+
     def _budget_moved(self, state: TupleState) -> None:
         # The front's instant may have moved either way: forget the block and let the
         # requests try again in order (the front re-blocks with its new instant).

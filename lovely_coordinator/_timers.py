@@ -15,6 +15,11 @@ loops in several threads at once:
   home clock's offset from it (exact between asyncio loops, whose clocks *are*
   ``time.monotonic()``), and timers are armed on the home loop through its thread-safe
   entry.
+* When the home loop ends with the timer pending (its loop cancels it at shutdown), a
+  loop of another thread that has used the coordinator adopts it at once, so its waiters
+  never wait for a wake-up that died with its loop. The clock remembers the last few such
+  loops (*guests*). (An asyncio loop stopped but never closed or shut down cancels
+  nothing: its timer stays pending until that loop runs again or a new loop adopts.)
 
 :class:`WakeupTimer` is the single timer: armed at ``Scheduler.next_wakeup()`` on the
 home loop, re-armed whenever that instant changes, and firing ``advance``.
@@ -41,7 +46,7 @@ class LoopClock:
         offset: the home clock minus ``time.monotonic()``, as last measured on it.
     """
 
-    __slots__ = ("_here", "_thread", "home", "offset")
+    __slots__ = ("_here", "_thread", "gone", "guests", "home", "offset")
 
     def __init__(self) -> None:
         self.home: object | None = None
@@ -50,6 +55,8 @@ class LoopClock:
         # The last other loop whose clock was compared with home, and its offset from
         # time.monotonic(): measured once, so repeated reads restate times identically.
         self._here: tuple[object, float] | None = None
+        self.gone = False  # the home loop shut down with a timer pending
+        self.guests: dict[object, None] = {}  # loops of other threads that used it
 
     def now(self) -> float:
         """The home clock's current time, from whichever thread asks."""
@@ -89,13 +96,19 @@ class LoopClock:
             return None
         if home is not None:
             same_thread = self._thread == threading.get_ident()
-            if not same_thread and loop_alive(home):
+            if not same_thread and not self.gone and loop_alive(home):
+                self.guests.pop(loop, None)
+                self.guests[loop] = None
+                if len(self.guests) > 8:
+                    del self.guests[next(iter(self.guests))]
                 return None  # the home loop runs on in its thread: it stays home
         now = current_time_or_none()
         assert now is not None  # a loop is running
         offset = now - time.monotonic()
         delta = 0.0 if home is None else offset - self.offset
         self.home, self.offset, self._thread = loop, offset, threading.get_ident()
+        self.gone = False
+        self.guests.pop(loop, None)
         return delta
 
 
@@ -109,11 +122,18 @@ class WakeupTimer:
         lock: the coordinator's lock, held around every arming decision.
     """
 
-    __slots__ = ("_clock", "_fire", "_handle", "_lock", "_loop", "armed_at")
+    __slots__ = ("_adopt", "_clock", "_fire", "_handle", "_lock", "_loop", "armed_at")
 
-    def __init__(self, clock: LoopClock, fire: Callable[[], None], lock: threading.RLock) -> None:
+    def __init__(
+        self,
+        clock: LoopClock,
+        fire: Callable[[], None],
+        lock: threading.RLock,
+        adopt: Callable[[], None] = lambda: None,
+    ) -> None:
         self._clock = clock
         self._fire = fire
+        self._adopt = adopt
         self._lock = lock
         self._handle: Timer | None = None
         self._loop: object | None = None
@@ -130,7 +150,7 @@ class WakeupTimer:
         self.armed_at = instant
         self._loop = home
         if self._clock.on_home():
-            self._handle = call_at(instant, self._due)
+            self._handle = call_at(instant, self._due, self._lost)
         elif not call_soon_on(home, self._arm_on_home):
             self.armed_at = self._loop = None  # the home loop ended: the next one arms
 
@@ -141,7 +161,7 @@ class WakeupTimer:
             if self._loop is not current_loop() or self._handle is not None:
                 return
             if self.armed_at is not None:
-                self._handle = call_at(self.armed_at, self._due)
+                self._handle = call_at(self.armed_at, self._due, self._lost)
 
     def _cancel(self) -> None:
         handle, loop = self._handle, self._loop
@@ -152,6 +172,16 @@ class WakeupTimer:
             handle.cancel()
         else:
             call_soon_on(loop, handle.cancel)  # a timer is cancelled on its own loop
+
+    def _lost(self) -> None:
+        # The home loop shuts down with this timer pending: a loop of another thread
+        # that uses the coordinator adopts it (and the timer), or the next one to come.
+        with self._lock:
+            self._handle = self._loop = self.armed_at = None
+            self._clock.gone = True
+            for guest in list(self._clock.guests):
+                if loop_alive(guest) and call_soon_on(guest, self._adopt):
+                    return
 
     def _due(self) -> None:
         with self._lock:

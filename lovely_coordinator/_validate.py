@@ -36,14 +36,15 @@ def as_index(
     message: str,
     *,
     minimum: int = 1,
+    maximum: int | None = None,
     type_error: type[InvalidArgumentError] = InvalidArgumentTypeError,
     value_error: type[InvalidArgumentError] = InvalidArgumentError,
 ) -> int:
-    """``value`` as a plain ``int`` ≥ ``minimum``.
+    """``value`` as a plain ``int`` ≥ ``minimum`` (and ≤ ``maximum``, if given).
 
     Raises:
         InvalidArgumentTypeError: ``value`` is a ``bool`` or not an integer at all.
-        InvalidArgumentError: it is below ``minimum``.
+        InvalidArgumentError: it is below ``minimum`` or above ``maximum``.
     """
     if type(value) is int:  # the common case, first and cheap
         number = value
@@ -54,7 +55,7 @@ def as_index(
             number = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             raise type_error(message) from None
-    if number < minimum:
+    if number < minimum or (maximum is not None and number > maximum):
         raise value_error(message)
     return number
 

@@ -65,7 +65,11 @@ def assert_idle(coord: AgentCoordinator, limit: int | None = None) -> None:
     """Nothing granted, queued or lent: no slot leaked."""
     stats = coord.statistics()
     assert (stats.active, stats.queued, stats.lent) == (0, 0, 0), stats
-    assert all(not t.open or t.limit is not None for t in stats.tuples), stats
+    # An idle tuple is listed only for its settings: closed, capped or budgeted.
+    others = (t for t in stats.tuples if t.open and t.limit is None)
+    assert all(
+        t.requests_available is not None or t.tokens_available is not None for t in others
+    ), stats
     if limit is not None:
         assert stats.max_concurrency == limit
 
@@ -930,6 +934,35 @@ async def test_lend_starting_during_a_queued_reacquire_takes_over() -> None:
             assert coord.active_count == 0  # the lent slot is free; nobody reacquires yet
             second_may_end.set()
         assert permit.held  # the last lend took it back
+        permit.release()
+        assert_idle(coord)
+
+
+@ASYNCIO_ONLY
+async def test_a_withdrawn_reacquire_cancelled_before_it_resumes_leaves_the_permit() -> None:
+    """Found by review: the withdrawn lend's cleanup released what the next lend took back."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        permit = await coord.acquire(T)
+        first_may_end = anyio.Event()
+        first = asyncio.ensure_future(permit.lend(first_may_end.wait))
+        await wait_all_tasks_blocked()  # lent: the slot is free ...
+        other = await coord.acquire(T)  # ... and taken
+        first_may_end.set()
+        await wait_all_tasks_blocked()
+        assert (permit.state, coord.queued_count) == ("lent", 1)  # first reacquires
+
+        async def second() -> str:
+            # This lend withdrew first's reacquire (first is woken without the slot), and
+            # first is cancelled before it resumes.
+            first.cancel()
+            other.release()  # the slot is free: this lend takes it back at once
+            return "second"
+
+        assert await permit.lend(second) == "second"
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert permit.state == "held"
         permit.release()
         assert_idle(coord)
 
@@ -1869,6 +1902,72 @@ async def test_a_timed_reopen_armed_from_another_thread_runs_on_the_home_loop() 
         assert not coord.is_tuple_open(T)
         async with coord.permit(T):  # waits for the reopen, timed on this loop
             assert coord.is_tuple_open(T)
+        assert_idle(coord)
+
+
+@pytest.mark.parametrize("home_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("wakeup", ["reopen", "budget"])
+async def test_a_wakeup_survives_the_end_of_a_home_loop_in_another_thread(
+    home_backend: str, wakeup: str
+) -> None:
+    """Found by review: the timer died with its loop, and a waiter here waited forever."""
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        armed = threading.Event()
+        may_end = threading.Event()
+
+        async def home() -> None:  # this thread's loop becomes home and arms the timer
+            if wakeup == "reopen":
+                coord.close_tuple(T, reopen_after=0.3)
+            else:
+                coord.set_budget(T, requests_per_minute=300)  # one every 0.2 s
+                while (entry := coord.tuple_statistics(T)) and entry.requests_available >= 1:  # type: ignore[operator]
+                    async with coord.request(T):
+                        pass
+            armed.set()
+            await anyio.to_thread.run_sync(may_end.wait)
+
+        thread = _in_thread(lambda: anyio.run(home, backend=home_backend))
+        await anyio.to_thread.run_sync(armed.wait)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            async with coord.request(T):
+                pass
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            may_end.set()
+            await anyio.to_thread.run_sync(thread.join)  # home ended with the timer pending
+            await done.wait()  # this loop took the timer over
+        assert_idle(coord)
+
+
+async def test_a_timer_that_fires_before_its_instant_arms_again() -> None:
+    """Found by review: a stale timer (its cancel, sent from another thread, had not
+    arrived) firing before the instant left the wake-up with no timer at all."""
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        coord.close_tuple(T, reopen_after=0.05)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            async with coord.permit(T):
+                pass
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            timer = coord._timer
+            assert timer._handle is not None
+            timer._handle.cancel()
+            timer._due()  # fires early: nothing is due yet
+            assert timer.armed_at is not None  # armed again for the reopen
+            await done.wait()
         assert_idle(coord)
 
 

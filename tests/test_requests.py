@@ -402,7 +402,20 @@ def test_set_budget_refuses_bad_values_and_changes_nothing(bad: Any) -> None:
     assert (stats.requests_available, stats.tokens_available) == (60, None)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", None])
+# Above 2**53 the float buckets cannot hold a charge exactly (10**400: not at all, an
+# OverflowError in the middle of a grant, found by review).
+@pytest.mark.parametrize(
+    "bad",
+    [
+        -1,
+        1.5,
+        True,
+        "3",
+        None,
+        pytest.param(2**53 + 1, id="2**53+1"),
+        pytest.param(10**400, id="huge"),
+    ],
+)
 def test_request_refuses_bad_tokens_at_once(bad: Any) -> None:
     coord = create_agent_coordinator(1)
     with pytest.raises(InvalidArgumentError, match=TOKENS_MESSAGE):
@@ -414,10 +427,19 @@ async def test_settle_refuses_bad_tokens_and_keeps_the_charge() -> None:
     with anyio.fail_after(5):
         coord = create_agent_coordinator(1)
         async with coord.request(T, tokens=5) as call:
-            for bad in (-1, 2.5, False):
+            for bad in (-1, 2.5, False, 2**53 + 1, 10**400):
                 with pytest.raises(InvalidArgumentError, match=TOKENS_MESSAGE):
                     call.settle(bad)  # type: ignore[arg-type]
             assert call.tokens == 5
+
+
+async def test_the_largest_token_count_is_charged_exactly() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        coord.set_budget(T, tokens_per_minute=100)
+        async with coord.request(T, tokens=2**53) as call:  # a full bucket admits it
+            assert call.tokens == 2**53
+        assert tuple_stats(coord, T).tokens_available == pytest.approx(100 - 2**53)
 
 
 def test_learn_budget_refuses_bad_values() -> None:
@@ -558,3 +580,34 @@ async def test_a_native_cancel_between_grant_and_resumption_hands_the_slot_on() 
         await second
         assert entered == ["second"]
         assert_idle(coord)
+
+
+@ASYNCIO_ONLY
+@pytest.mark.parametrize("contended", [False, True])
+async def test_a_request_cancelled_before_it_resumes_gives_back_its_draw(contended: bool) -> None:
+    """Found by review: the slot went on, but the draw stayed spent for a call never made."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        coord.set_budget(T, requests_per_minute=1, tokens_per_minute=100)
+        holder = await coord.acquire(U) if contended else None
+        entered: list[str] = []
+
+        async def call() -> None:
+            async with coord.request(T, tokens=60):
+                entered.append("call")
+
+        task = asyncio.ensure_future(call())
+        if holder is None:
+            # One step: the task is granted at once and stops at its closing checkpoint.
+            await anyio.lowlevel.checkpoint()
+        else:
+            await wait_all_tasks_blocked()  # waiting behind the holder
+            holder.release()  # granted now: 1 request and 60 tokens drawn
+        task.cancel()  # ... and cancelled before it resumes: no call was made
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert entered == []
+        assert_idle(coord)
+        stats = tuple_stats(coord, T)
+        assert stats.requests_available == pytest.approx(1.0, abs=0.01)
+        assert stats.tokens_available == pytest.approx(100.0, abs=0.5)
