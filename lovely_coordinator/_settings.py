@@ -271,10 +271,7 @@ class Settings(Engine):
         # Everything due happened at once: grant in order across all of it, not one
         # wake-up after the other (a later one could hold a better key).
         for state in woken:
-            covered = state.covered.head()
-            own = state.requests.head()
-            if covered is not None and state.budgeted and (own is None or covered.key < own.key):
-                self._serve_covered(state)
+            self._serve_covered(state)  # up to an earlier request wanting a slot
             self._offer(state.permits)
             self._offer(state.requests)
         self._drain()

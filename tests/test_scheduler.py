@@ -572,6 +572,28 @@ def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero
     s.check_invariants()
 
 
+@pytest.mark.parametrize("covered_first", [True, False])
+def test_covered_and_own_slot_requests_of_a_tuple_draw_in_one_order(covered_first: bool) -> None:
+    # Regression: when the budget moved, the covered line was served to its end before
+    # (or after) the requests wanting a slot of their own, whatever their keys.
+    s, _clock = make(5)
+    s.set_budget(A, None, 100.0)
+    cover, other = enqueue(s, B), enqueue(s, B)
+    spender = request(s, tokens=100)
+    if covered_first:
+        early = request(s, tokens=10, cover=cover)
+        large = request(s, tokens=85)  # a slot of its own is free
+        late = request(s, tokens=10, cover=other)
+    else:
+        early = request(s, tokens=10)
+        large = request(s, tokens=85, cover=cover)
+        late = request(s, tokens=10)
+    s.settle(spender, 0)  # 100 back
+    assert states(early, large, late) == [GRANTED, GRANTED, QUEUED]
+    assert s._tuples[A].block is late
+    s.check_invariants()
+
+
 def test_settle_refunds_and_charges_at_once() -> None:
     s, _clock = make(10)
     s.set_budget(A, None, 100.0)
