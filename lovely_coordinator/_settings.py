@@ -144,6 +144,9 @@ class Settings(Engine):
         if state.reopens_at is not None and state.reopens_at == reopens_at:
             self._wakeup_seq += 1
             heapq.heappush(self._wakeups, (reopens_at, self._wakeup_seq, GATE, state))
+        # Nothing of a closed tuple draws: its budget's wake-up would grant nothing. The
+        # front blocks again, at its instant then, when the gate opens.
+        state.block = state.block_until = None
         foreground = state.foreground
         if foreground:
             state.foreground = None

@@ -594,6 +594,34 @@ def test_covered_and_own_slot_requests_of_a_tuple_draw_in_one_order(covered_firs
     s.check_invariants()
 
 
+def test_closing_a_tuple_disarms_its_budget_wake_up() -> None:
+    # Regression: the budget's wake-up stayed armed while the gate was closed, and fired
+    # granting nothing.
+    s, clock = make(2)
+    s.set_budget(A, 1.0, None)
+    first = request(s)
+    front = request(s)
+    assert s.next_wakeup() == pytest.approx(60.0)
+    s.close(A, None)
+    assert peek_wakeup(s) is None  # nothing of A may draw while it is closed
+    clock.now = 30.0
+    s.open(A)
+    assert s.next_wakeup() == pytest.approx(60.0)  # the front blocks again, same instant
+    clock.now = 60.0
+    assert s.advance()
+    assert front.state == GRANTED
+    s.release(front)
+    s.close(A, 100.0)  # a timed closure: its reopen is the only wake-up
+    late = request(s)
+    assert peek_wakeup(s) == 100.0
+    clock.now = 100.0
+    assert s.advance()
+    assert late.state == QUEUED  # open again, and blocked until its own instant
+    assert s.next_wakeup() == pytest.approx(120.0)
+    s.release(first)
+    s.check_invariants()
+
+
 def test_settle_refunds_and_charges_at_once() -> None:
     s, _clock = make(10)
     s.set_budget(A, None, 100.0)
@@ -1198,6 +1226,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
         for r in sorted(failed, key=lambda r: r.key):
             m.discard(r)
+        m.blocks.pop(t, None)  # nothing of t draws while it is closed
         m.settle()
         self.s.close(t, at)
         for r in failed:
