@@ -216,7 +216,12 @@ class Settings(Engine):
         """A request's real token usage replaces its charge: refund or charge the difference."""
         change = tokens - ticket.tokens
         ticket.tokens = tokens
-        state = ticket.tuple_state
+        # The tuple's bookkeeping now: a request settled after its exit may have outlived
+        # the state it was granted on (an idle tuple is forgotten; see _forget_if_idle).
+        state = self._tuples.get(ticket.tuple_state.tuple)
+        if state is None:
+            return  # idle: no budget to charge
+        ticket.tuple_state = state
         bucket = state.token_bucket
         if change and bucket is not None:
             bucket.adjust(change, self._clock())

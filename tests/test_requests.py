@@ -339,6 +339,21 @@ async def test_a_refund_lets_requests_draw_in_order_whatever_slot_covers_them() 
         assert_idle(coord)
 
 
+async def test_a_settle_after_the_exit_charges_the_budget_once_the_tuple_was_forgotten() -> None:
+    # Regression: a tuple idle long enough is forgotten; a request settled after its exit
+    # then charged the forgotten bookkeeping, not the tuple's budget set since.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.request(T) as call:
+            pass
+        for i in range(100):  # T, idle, leaves the cache of idle tuples
+            async with coord.permit(("other", f"m{i}")):
+                pass
+        coord.set_budget(T, tokens_per_minute=100)
+        call.settle(40)
+        assert tuple_stats(coord, T).tokens_available == pytest.approx(60.0, abs=1e-3)
+
+
 @MOCK_TRIO
 async def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero() -> None:
     with anyio.fail_after(600):
