@@ -26,10 +26,11 @@ import contextvars
 import inspect
 import logging
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import final
+from typing import Final, final
 
 import anyio
 import anyio.lowlevel
@@ -57,6 +58,12 @@ from ._validate import as_callable
 __all__ = ["Lanes", "create_lanes"]
 
 _log = logging.getLogger("lovely_coordinator.lanes")
+
+OTHER_THREAD: Final = (
+    "Lanes.wake() was called from another thread: lanes belong to the event loop that"
+    " entered create_lanes(); from a worker thread, call"
+    " anyio.from_thread.run_sync(lanes.wake, key)"
+)
 
 
 class _Run(ActivationRecord):
@@ -91,6 +98,7 @@ class Lanes:
         "_on_exit",
         "_state",
         "_task_group",
+        "_thread",
         "_timeout",
     )
 
@@ -110,6 +118,9 @@ class Lanes:
         self._on_exit = on_exit
         self._task_group = task_group
         self._context = context
+        # The event loop's thread: a wake from any other would record an activation and
+        # then fail to spawn its task, leaking the slot (and hanging close()).
+        self._thread = threading.get_ident()
 
     def __repr__(self) -> str:
         state = self._state
@@ -127,7 +138,10 @@ class Lanes:
         Raises:
             LanesClosed: the lanes are closed.
             LaneQueueFull: the lane would have to wait and ``max_queued`` lanes already do.
+            UsageError: called from a thread other than the event loop's; nothing changes.
         """
+        if threading.get_ident() != self._thread:
+            raise UsageError(OTHER_THREAD)
         result, started = self._state.wake(key)
         if started is not None:
             self._spawn(started)

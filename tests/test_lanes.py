@@ -274,6 +274,23 @@ async def test_non_string_key_is_rejected() -> None:
             assert lanes.status().lanes == ()
 
 
+async def test_a_wake_from_another_thread_is_refused_and_changes_nothing() -> None:
+    """It used to record the activation, then fail to spawn its task: the slot leaked and
+    close() (so leaving the block) hung for good."""
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            before = lanes.status()
+            with pytest.raises(UsageError, match=r"^Lanes.wake\(\) was called from another thread"):
+                await anyio.to_thread.run_sync(lanes.wake, "a")
+            assert lanes.status() == before
+            assert await anyio.to_thread.run_sync(anyio.from_thread.run_sync, lanes.wake, "a") == (
+                "started"
+            )
+            await settle()
+            probe.release("a")
+        assert probe.starts() == ["a"]
+
+
 async def test_repr_shows_the_counts() -> None:
     with anyio.fail_after(5):
         async with probed(1) as (lanes, _):
