@@ -53,6 +53,7 @@ from ._lanes_types import (
     LanesConfig,
     current_activation_var,
 )
+from ._turns_job import failures_of
 from ._validate import as_callable
 
 __all__ = ["Lanes", "create_lanes"]
@@ -69,11 +70,14 @@ OTHER_THREAD: Final = (
 class _Run(ActivationRecord):
     """The record plus what the runner needs to stop and await one activation."""
 
-    __slots__ = ("ended", "scope")
+    __slots__ = ("ended", "fatal", "scope")
 
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.scope: anyio.CancelScope | None = None  # the body's scope, while it runs
+        # A KeyboardInterrupt or SystemExit the body raised beside its stop: the stop
+        # decides the outcome, and this still ends the lanes once the activation is over.
+        self.fatal: BaseException | None = None
         # Set once the activation has ended and its slot was handed on. Created only when
         # someone waits: an Event is the right tool because ending is a broadcast of a
         # fact (many cancel/close callers may wait), not the grant of something a
@@ -223,6 +227,8 @@ class Lanes:
             raise on_exit_stops
         if isinstance(outcome, ActivationFailed) and _stops_the_program(outcome.cause):
             raise outcome.cause
+        if record.fatal is not None:
+            raise record.fatal
 
     async def _execute(self, record: _Run) -> Exit:
         key = record.key
@@ -243,6 +249,17 @@ class Lanes:
             if record.stop is None and scope.cancel_called:
                 record.stop = "timeout"
             reason = record.stop  # any stop from here on leaves the outcome alone
+            # Errors the body raised beside the stop: the stop decides, but they are logged,
+            # not lost.
+            failures = None if reason is None or cause is None else failures_of(cause)
+            if failures is not None:
+                _log.error(
+                    "an activation of %r failed while it was being stopped",
+                    key,
+                    exc_info=failures,
+                )
+                if _stops_the_program(failures):
+                    record.fatal = failures
             try:
                 await activation.exit_stack.aclose()
             except BaseException as exc:
