@@ -130,8 +130,9 @@ class UsageError(CoordinatorError, RuntimeError):
     """The API was used in a way that cannot work, where no more precise error is named.
 
     Entering a single-use context manager twice, submitting to a ``TurnRegistry`` or
-    waking lanes before entering them, a turn waiting on its own conversation, using a
-    coordinator from a thread it cannot serve. The message says what and why.
+    waking lanes before entering them (or from a thread other than their event loop's), a
+    turn waiting on its own conversation, using a coordinator from a thread it cannot
+    serve. The message says what and why.
     """
 
 

@@ -26,10 +26,11 @@ import contextvars
 import inspect
 import logging
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import final
+from typing import Final, final
 
 import anyio
 import anyio.lowlevel
@@ -52,21 +53,31 @@ from ._lanes_types import (
     LanesConfig,
     current_activation_var,
 )
+from ._turns_job import failures_of
 from ._validate import as_callable
 
 __all__ = ["Lanes", "create_lanes"]
 
 _log = logging.getLogger("lovely_coordinator.lanes")
 
+OTHER_THREAD: Final = (
+    "Lanes.wake() was called from another thread: lanes belong to the event loop that"
+    " entered create_lanes(); from a worker thread, call"
+    " anyio.from_thread.run_sync(lanes.wake, key)"
+)
+
 
 class _Run(ActivationRecord):
     """The record plus what the runner needs to stop and await one activation."""
 
-    __slots__ = ("ended", "scope")
+    __slots__ = ("ended", "fatal", "scope")
 
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.scope: anyio.CancelScope | None = None  # the body's scope, while it runs
+        # A KeyboardInterrupt or SystemExit the body raised beside its stop: the stop
+        # decides the outcome, and this still ends the lanes once the activation is over.
+        self.fatal: BaseException | None = None
         # Set once the activation has ended and its slot was handed on. Created only when
         # someone waits: an Event is the right tool because ending is a broadcast of a
         # fact (many cancel/close callers may wait), not the grant of something a
@@ -91,6 +102,7 @@ class Lanes:
         "_on_exit",
         "_state",
         "_task_group",
+        "_thread",
         "_timeout",
     )
 
@@ -110,6 +122,9 @@ class Lanes:
         self._on_exit = on_exit
         self._task_group = task_group
         self._context = context
+        # The event loop's thread: a wake from any other would record an activation and
+        # then fail to spawn its task, leaking the slot (and hanging close()).
+        self._thread = threading.get_ident()
 
     def __repr__(self) -> str:
         state = self._state
@@ -127,7 +142,10 @@ class Lanes:
         Raises:
             LanesClosed: the lanes are closed.
             LaneQueueFull: the lane would have to wait and ``max_queued`` lanes already do.
+            UsageError: called from a thread other than the event loop's; nothing changes.
         """
+        if threading.get_ident() != self._thread:
+            raise UsageError(OTHER_THREAD)
         result, started = self._state.wake(key)
         if started is not None:
             self._spawn(started)
@@ -209,6 +227,8 @@ class Lanes:
             raise on_exit_stops
         if isinstance(outcome, ActivationFailed) and _stops_the_program(outcome.cause):
             raise outcome.cause
+        if record.fatal is not None:
+            raise record.fatal
 
     async def _execute(self, record: _Run) -> Exit:
         key = record.key
@@ -229,6 +249,17 @@ class Lanes:
             if record.stop is None and scope.cancel_called:
                 record.stop = "timeout"
             reason = record.stop  # any stop from here on leaves the outcome alone
+            # Errors the body raised beside the stop: the stop decides, but they are logged,
+            # not lost.
+            failures = None if reason is None or cause is None else failures_of(cause)
+            if failures is not None:
+                _log.error(
+                    "an activation of %r failed while it was being stopped",
+                    key,
+                    exc_info=failures,
+                )
+                if _stops_the_program(failures):
+                    record.fatal = failures
             try:
                 await activation.exit_stack.aclose()
             except BaseException as exc:

@@ -20,6 +20,7 @@ the shielded lease release, and finally the job is marked done.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, TypeVar, final
@@ -68,6 +69,12 @@ def _same_values(a: contextvars.Context, b: contextvars.Context) -> bool:
     """
     return len(a) == len(b) and all(b.get(var, _ABSENT) is value for var, value in a.items())
 
+
+OTHER_THREAD: Final = (
+    "TurnRegistry.submit() was called from another thread: a TurnRegistry belongs to the"
+    " event loop that entered it; from a worker thread, call"
+    " anyio.from_thread.run_sync(turns.submit, ...)"
+)
 
 _UNENTERED: Final = 0
 _OPEN: Final = 1
@@ -119,6 +126,10 @@ class TurnRegistry:
         self._lifecycle = _UNENTERED
         # Set (and forgotten) when the last busy conversation becomes idle; made on demand.
         self._idle: anyio.Event | None = None
+        # The thread of the event loop that entered the registry: submit() from any other
+        # would change the table and then fail to start the turn's task, wedging its
+        # conversation.
+        self._thread: int | None = None
 
     @property
     def max_queued(self) -> int:
@@ -151,6 +162,7 @@ class TurnRegistry:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
+        self._thread = threading.get_ident()
         self._lifecycle = _OPEN
         return self
 
@@ -214,7 +226,8 @@ class TurnRegistry:
             QueueFullError: ``max_queued`` turns already wait.
             InvalidArgumentError: a bad ``conversation_id``, ``multitask``, or a job that
                 was submitted before.
-            UsageError: the registry was not entered yet.
+            UsageError: the registry was not entered yet, or this is not the thread of
+                the event loop that entered it.
 
         When it raises, the job is untouched and never runs.
         """
@@ -229,6 +242,8 @@ class TurnRegistry:
                 "enter the TurnRegistry with 'async with' before submitting turns:"
                 " its turns run in the task group that block opens"
             )
+        if threading.get_ident() != self._thread:
+            raise UsageError(OTHER_THREAD)
         admission = self._table.admit(conversation_id, job, mode)
         for dropped in admission.dropped:
             dropped._drop()

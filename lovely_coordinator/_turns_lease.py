@@ -1,10 +1,12 @@
 """Turns under a cross-replica lease: acquire, watch for loss, run, release.
 
 The locker and its leases are user code as much as the turn is, and whatever they raise
-is contained the same way: an acquisition that fails refuses the turn with
-:class:`CoordinationUnavailableError` (with the failure as its cause), a release that fails
-or hangs is logged and abandoned (the lease lapses by itself), and a lease that cannot be
-read or watched counts as lost. Only ``KeyboardInterrupt`` and ``SystemExit`` propagate.
+is contained the same way: an acquisition that fails (or returns None) refuses the turn
+with :class:`CoordinationUnavailableError` (with the failure as its cause), a lease granted
+after its acquisition was cancelled (by ``drain()`` or a stop) is given back unused, a
+release that fails or hangs is logged and abandoned (the lease lapses by itself), and a
+lease that cannot be read or watched counts as lost. Only ``KeyboardInterrupt`` and
+``SystemExit`` propagate.
 """
 
 from __future__ import annotations
@@ -83,10 +85,13 @@ class LeasedTurns:
     async def _acquire(self, conversation_id: str, job: Job[Any]) -> Lease | None:
         """The conversation's lease, or None when the turn was refused or stopped."""
         refusal: CoordinatorError
+        lease: Lease | None = None
         with anyio.CancelScope() as acquiring:
             self._acquiring[job] = acquiring
             try:
-                return await self._locker.acquire(conversation_id)
+                lease = await self._locker.acquire(conversation_id)
+                if lease is None:  # a locker's "no" must not pass for a lease
+                    raise TypeError("the locker's acquire() returned None instead of a lease")
             except BaseException as exc:
                 if is_fatal(exc):
                     raise
@@ -107,6 +112,17 @@ class LeasedTurns:
                 del self._acquiring[job]
                 if not self._acquiring:
                     self._acquiring = {}  # give a burst's dict capacity back
+        if lease is not None:
+            if not (job._stopped or acquiring.cancel_called):
+                return lease
+            # A locker that caught the cancellation of its acquisition and granted anyway:
+            # the stop (or the drain) still decides, so the body never runs, and the lease
+            # goes straight back.
+            await _release(lease, conversation_id)
+            if job._stopped:
+                job._end_stopped()
+                return None
+            refusal = DrainingError()
         job._refuse(refusal)
         return None
 

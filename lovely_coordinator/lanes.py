@@ -16,7 +16,8 @@ Exceptions::
     ├── InvalidArgumentError (ValueError)
     │   └── LanesConfigInvalid        an invalid setting; nothing was created (a TypeError
     │                                 too when activate/on_exit is not callable)
-    ├── UsageError (RuntimeError)     a create_lanes() context manager entered twice
+    ├── UsageError (RuntimeError)     a create_lanes() context manager entered twice, or
+    │                                 wake() from a thread other than the event loop's
     ├── LaneQueueFull                 wake(): max_queued lanes already wait
     └── LanesClosed                   wake() after close()
 

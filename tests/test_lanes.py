@@ -274,6 +274,23 @@ async def test_non_string_key_is_rejected() -> None:
             assert lanes.status().lanes == ()
 
 
+async def test_a_wake_from_another_thread_is_refused_and_changes_nothing() -> None:
+    """It used to record the activation, then fail to spawn its task: the slot leaked and
+    close() (so leaving the block) hung for good."""
+    with anyio.fail_after(5):
+        async with probed(1) as (lanes, probe):
+            before = lanes.status()
+            with pytest.raises(UsageError, match=r"^Lanes.wake\(\) was called from another thread"):
+                await anyio.to_thread.run_sync(lanes.wake, "a")
+            assert lanes.status() == before
+            assert await anyio.to_thread.run_sync(anyio.from_thread.run_sync, lanes.wake, "a") == (
+                "started"
+            )
+            await settle()
+            probe.release("a")
+        assert probe.starts() == ["a"]
+
+
 async def test_repr_shows_the_counts() -> None:
     with anyio.fail_after(5):
         async with probed(1) as (lanes, _):
@@ -677,6 +694,33 @@ async def test_system_exit_in_a_body_is_reported_then_ends_the_lanes() -> None:
         assert isinstance(failed.cause, SystemExit)
 
 
+# trio only, as above.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_system_exit_from_a_stopped_body_still_ends_the_lanes() -> None:
+    """The stop decided the outcome, and the SystemExit used to vanish with the body's
+    cause."""
+    with anyio.fail_after(5):
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                raise SystemExit(3)
+
+        async def run() -> None:
+            async with create_lanes(1, activate=activate, on_exit=exits.append) as lanes:
+                lanes.wake("a")
+                await settle()
+                await lanes.cancel("a")
+                await anyio.sleep_forever()
+
+        with pytest.raises(BaseExceptionGroup) as info:
+            await run()
+        assert info.group_contains(SystemExit)
+        assert exits == [ActivationInterrupted("a", "cancel")]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_body_that_interrupts_itself_has_failed() -> None:
     with anyio.fail_after(5):
@@ -750,6 +794,30 @@ async def test_a_stop_during_the_bodys_own_finally_is_an_interruption() -> None:
             await in_finally.wait()
             await lanes.cancel("a")
         assert exits == [ActivationInterrupted("a", "cancel")]
+
+
+async def test_an_error_a_stopped_body_raises_is_logged_not_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stop decides the outcome; the body's error beside it used to vanish without a
+    trace (CONTRACT §5b: recorded on the exit, or logged)."""
+    with anyio.fail_after(5):
+        broken = RuntimeError("cleanup failed")
+        exits: list[Exit] = []
+
+        async def activate(key: str) -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                raise broken
+
+        async with create_lanes(1, activate=activate, on_exit=exits.append) as lanes:
+            lanes.wake("a")
+            await settle()
+            await lanes.cancel("a")
+        assert exits == [ActivationInterrupted("a", "cancel")]
+        records = [r for r in caplog.records if "activation of 'a' failed while" in r.getMessage()]
+        assert [r.exc_info[1] if r.exc_info else None for r in records] == [broken]
 
 
 async def test_on_exit_runs_shielded_and_the_slot_passes_on_only_after_it_returns() -> None:

@@ -711,6 +711,24 @@ async def test_bad_arguments_change_nothing() -> None:
         assert rec.log == ["start a", "end a"]
 
 
+async def test_a_submit_from_another_thread_is_refused_and_changes_nothing() -> None:
+    """It used to admit the job, then fail to start its task: the conversation stayed busy
+    for good, with a turn that never ran."""
+    with anyio.fail_after(5):
+        async with TurnRegistry() as turns:
+            job = Job(answer_one)
+            with pytest.raises(UsageError, match=r"^TurnRegistry.submit\(\) was called from "):
+                await anyio.to_thread.run_sync(turns.submit, "conv", job)
+            assert turns.statistics() == TurnStatistics(0, 0, 0, False)
+            assert (job.done, job.error) == (False, None)
+            position = await anyio.to_thread.run_sync(
+                lambda: anyio.from_thread.run_sync(turns.submit, "conv", job)
+            )
+            assert position == 0
+            await job.wait()
+        assert job.result == 1
+
+
 async def test_the_registry_must_be_entered_once() -> None:
     with anyio.fail_after(5):
         turns = TurnRegistry()

@@ -6,6 +6,8 @@ tests/test_turns.py; here the locker and the lease are as hostile as a turn may 
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -18,6 +20,7 @@ from lovely_coordinator.turns import (
     Job,
     LeaseLostError,
     LeaseSignal,
+    TurnInterrupted,
     TurnRegistry,
 )
 
@@ -269,3 +272,62 @@ async def test_system_exit_from_the_locker_or_the_lease_ends_the_registry(where:
         assert job.done
         if where == "release":
             assert job.result == 1, "the turn itself had succeeded"
+
+
+class GrantsAnyway(Locker):
+    """Catches the cancellation of its acquisition and grants the lease regardless."""
+
+    async def acquire(self, conversation_id: str) -> Lease:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            pass
+        lease = Lease(len(self.leases) + 1, None)
+        self.leases.append(lease)
+        return lease
+
+
+@pytest.mark.parametrize("stop", ["drain", "interrupt", "shutdown"])
+async def test_a_lease_granted_despite_a_cancelled_acquisition_is_given_back_unused(
+    stop: str,
+) -> None:
+    """The turn's body used to run after drain(), interrupt or the block's exception."""
+    with anyio.fail_after(5):
+        locker = GrantsAnyway()
+        ran: list[int] = []
+
+        async def turn(fence: int) -> None:
+            ran.append(fence)
+
+        job = Job(turn)
+        with pytest.raises(KeyError) if stop == "shutdown" else contextlib.nullcontext():
+            async with TurnRegistry(locker=locker) as turns:
+                turns.submit("conv", job)
+                await wait_all_tasks_blocked()
+                if stop == "drain":
+                    turns.drain()
+                elif stop == "interrupt":
+                    turns.submit("conv", Job(fence_of), "interrupt")
+                else:
+                    raise KeyError
+                await job.wait()
+        assert ran == [], "the body never ran"
+        expected = {"drain": DrainingError, "interrupt": TurnInterrupted}.get(stop, TurnInterrupted)
+        assert isinstance(job.error, expected)
+        assert locker.leases[0].released
+
+
+async def test_a_locker_returning_none_refuses_the_turn(caplog: pytest.LogCaptureFixture) -> None:
+    """It used to pass for a lease: the turn was reported done, with no error, never run."""
+    with anyio.fail_after(5):
+
+        class SaysNo(Locker):
+            async def acquire(self, conversation_id: str) -> Lease:
+                await anyio.lowlevel.checkpoint()
+                return None  # type: ignore[return-value]
+
+        async with TurnRegistry(locker=SaysNo()) as turns:
+            with pytest.raises(CoordinationUnavailableError) as raised:
+                await turns.run("conv", fence_of)
+        assert isinstance(raised.value.__cause__, TypeError)
+        assert logged(caplog, "could not lock conversation 'conv'") == [raised.value.__cause__]
