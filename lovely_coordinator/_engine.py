@@ -85,6 +85,7 @@ class Engine:
         "_idle",
         "_ready",
         "_seq",
+        "_stopped",
         "_tuples",
         "_wakeup_seq",
         "_wakeups",
@@ -131,6 +132,9 @@ class Engine:
         self._ready: list[ReadyEntry] = []
         self._bypass: list[Entry] = []
         self._bypass_dead = 0
+        # Tuples whose covered line stopped behind a request wanting a slot of its own
+        # (see _serve_covered); the drain serves them again when it ends.
+        self._stopped: list[TupleState] = []
         self._wakeups: list[Wakeup] = []
         self._wakeup_seq = 0  # tie-breaker of equal instants (never compares tuples)
         for model_tuple, tuple_limit in (tuple_limits or {}).items():
@@ -222,17 +226,11 @@ class Engine:
     def _wake_tuple(self, state: TupleState) -> None:
         """Something may now run on this tuple (a gate opened, a cap or budget moved).
 
-        With a budget, the earlier of the two request lines' heads goes first, so that the
-        one that would overtake does not draw first.
+        With a budget, its two request lines draw in one key order: the covered requests
+        go up to the first request that wants a slot of its own and may get one, the
+        drain grants that one (serving the covered ones ahead of each such request
+        first), and the covered requests left are served when the drain ends.
         """
-        own = state.requests.head() if state.budgeted else None
-        covered = state.covered.head() if own is not None else None
-        if own is not None and (covered is None or own.key < covered.key):
-            self._offer(state.permits)
-            self._offer(state.requests)
-            self._drain()
-            self._serve_covered(state)
-            return
         self._serve_covered(state)
         self._offer(state.permits)
         self._offer(state.requests)
@@ -310,13 +308,21 @@ class Engine:
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
                 line = ready[0][2]
-                if line.kind == REQUESTS and not self._may_draw(line.state, line.first()):
-                    line.entry = None
-                    heapq.heappop(ready)
-                    continue
+                if line.kind == REQUESTS:
+                    state = line.state
+                    if state.budgeted and state.covered.items:
+                        self._serve_covered(state)  # its covered requests ahead draw first
+                    if not self._may_draw(state, line.first()):
+                        line.entry = None
+                        heapq.heappop(ready)
+                        continue
                 self._grant_from(line)
             else:
-                return
+                break
+        if self._stopped:
+            stopped, self._stopped = self._stopped, []
+            for state in stopped:
+                self._serve_covered(state)
 
     def _grant_from(self, line: Line) -> None:
         """Grant the head of ``line``, whose entry the drain just settled on top of
@@ -358,7 +364,12 @@ class Engine:
             self._hand_cover(cast(PermitTicket, ticket))
 
     def _serve_covered(self, state: TupleState) -> None:
-        """Grant the tuple's covered requests that may run (they need no free slot)."""
+        """Grant the tuple's covered requests that may run (they need no free slot).
+
+        With a budget, they stop at a request of the tuple that wants a slot of its own,
+        is ahead of them and may get one: it draws first, in the drain, which serves the
+        tuple again when it ends (so a later covered request never overtakes it).
+        """
         line = state.covered
         while state.open:
             head = line.head()
@@ -368,6 +379,9 @@ class Engine:
             assert cover is not None
             foreign = cover.tuple_state is not state
             if foreign and state.capped:
+                return
+            if state.budgeted and self._own_goes_first(state, head):
+                self._stopped.append(state)
                 return
             if not self._may_draw(state, head):
                 return
@@ -386,6 +400,15 @@ class Engine:
             if parker is not None:
                 head.parker = None
                 parker.grant(True)
+
+    def _own_goes_first(self, state: TupleState, covered: Ticket) -> bool:
+        """Whether the head of the tuple's own-slot requests is ahead of ``covered`` and
+        may get a slot now (the drain's call: a better waiter may take it first)."""
+        own = state.requests.head()
+        if own is None or own.key > covered.key or self.active >= self.limit:
+            return False
+        block = state.block
+        return state.admits and (block is None or own.key < block.key)
 
     def _draw(self, state: TupleState, ticket: Ticket) -> None:
         if not state.budgeted:

@@ -144,6 +144,9 @@ class Settings(Engine):
         if state.reopens_at is not None and state.reopens_at == reopens_at:
             self._wakeup_seq += 1
             heapq.heappush(self._wakeups, (reopens_at, self._wakeup_seq, GATE, state))
+        # Nothing of a closed tuple draws: its budget's wake-up would grant nothing. The
+        # front blocks again, at its instant then, when the gate opens.
+        state.block = state.block_until = None
         foreground = state.foreground
         if foreground:
             state.foreground = None
@@ -213,7 +216,12 @@ class Settings(Engine):
         """A request's real token usage replaces its charge: refund or charge the difference."""
         change = tokens - ticket.tokens
         ticket.tokens = tokens
-        state = ticket.tuple_state
+        # The tuple's bookkeeping now: a request settled after its exit may have outlived
+        # the state it was granted on (an idle tuple is forgotten; see _forget_if_idle).
+        state = self._tuples.get(ticket.tuple_state.tuple)
+        if state is None:
+            return  # idle: no budget to charge
+        ticket.tuple_state = state
         bucket = state.token_bucket
         if change and bucket is not None:
             bucket.adjust(change, self._clock())
@@ -271,10 +279,7 @@ class Settings(Engine):
         # Everything due happened at once: grant in order across all of it, not one
         # wake-up after the other (a later one could hold a better key).
         for state in woken:
-            covered = state.covered.head()
-            own = state.requests.head()
-            if covered is not None and state.budgeted and (own is None or covered.key < own.key):
-                self._serve_covered(state)
+            self._serve_covered(state)  # up to an earlier request wanting a slot
             self._offer(state.permits)
             self._offer(state.requests)
         self._drain()

@@ -297,6 +297,63 @@ async def test_a_budget_never_blocks_other_tuples_and_keeps_strict_order() -> No
         assert order == ["first@0", "other@0", "large@30", "small@31"]
 
 
+async def test_a_refund_lets_requests_draw_in_order_whatever_slot_covers_them() -> None:
+    # Regression: a budget that moved let the covered requests of a tuple draw before an
+    # earlier request that wanted a slot of its own (and the reverse), although it had one.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(4)
+        coord.set_budget(T, tokens_per_minute=100)
+        order: list[str] = []
+        refund, done = anyio.Event(), anyio.Event()
+
+        async def spender() -> None:
+            async with coord.request(T, tokens=100) as call:  # the whole bucket
+                await refund.wait()
+                call.settle(0)  # it used nothing: 100 back, at once
+                await done.wait()
+
+        async def call(name: str, tokens: int, covered: bool) -> None:
+            async with contextlib.AsyncExitStack() as stack:
+                if covered:  # on a permit of another tuple: it needs no slot of its own
+                    await stack.enter_async_context(coord.permit(U))
+                async with coord.request(T, tokens=tokens):
+                    order.append(name)
+                    await done.wait()
+
+        async with anyio.create_task_group() as tg:
+            for task in (
+                (spender,),
+                (call, "covered", 10, True),
+                (call, "large", 85, False),  # the fourth slot is free for it
+                (call, "late", 10, True),
+                (call, "last", 10, False),
+            ):
+                tg.start_soon(*task)
+                await wait_all_tasks_blocked()
+            assert order == []
+            refund.set()
+            await wait_all_tasks_blocked()
+            assert order == ["covered", "large"]  # 5 tokens left: "late" waits its turn
+            done.set()
+            tg.cancel_scope.cancel()  # "late" and "last" wait for the refill: not for that
+        assert_idle(coord)
+
+
+async def test_a_settle_after_the_exit_charges_the_budget_once_the_tuple_was_forgotten() -> None:
+    # Regression: a tuple idle long enough is forgotten; a request settled after its exit
+    # then charged the forgotten bookkeeping, not the tuple's budget set since.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.request(T) as call:
+            pass
+        for i in range(100):  # T, idle, leaves the cache of idle tuples
+            async with coord.permit(("other", f"m{i}")):
+                pass
+        coord.set_budget(T, tokens_per_minute=100)
+        call.settle(40)
+        assert tuple_stats(coord, T).tokens_available == pytest.approx(60.0, abs=1e-3)
+
+
 @MOCK_TRIO
 async def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero() -> None:
     with anyio.fail_after(600):

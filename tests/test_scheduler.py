@@ -21,7 +21,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError
+from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError, _engine
+from lovely_coordinator import _scheduler_checks as _checks
 from lovely_coordinator._bucket import Bucket
 from lovely_coordinator._lines import (
     DONE,
@@ -35,6 +36,7 @@ from lovely_coordinator._lines import (
 )
 from lovely_coordinator._scheduler import SUSPENDED_MESSAGE, Scheduler
 from lovely_coordinator._scheduler_checks import peek_wakeup
+from lovely_coordinator._statistics import tuple_snapshot
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")
@@ -572,6 +574,56 @@ def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero
     s.check_invariants()
 
 
+@pytest.mark.parametrize("covered_first", [True, False])
+def test_covered_and_own_slot_requests_of_a_tuple_draw_in_one_order(covered_first: bool) -> None:
+    # Regression: when the budget moved, the covered line was served to its end before
+    # (or after) the requests wanting a slot of their own, whatever their keys.
+    s, _clock = make(5)
+    s.set_budget(A, None, 100.0)
+    cover, other = enqueue(s, B), enqueue(s, B)
+    spender = request(s, tokens=100)
+    if covered_first:
+        early = request(s, tokens=10, cover=cover)
+        large = request(s, tokens=85)  # a slot of its own is free
+        late = request(s, tokens=10, cover=other)
+    else:
+        early = request(s, tokens=10)
+        large = request(s, tokens=85, cover=cover)
+        late = request(s, tokens=10)
+    s.settle(spender, 0)  # 100 back
+    assert states(early, large, late) == [GRANTED, GRANTED, QUEUED]
+    assert s._tuples[A].block is late
+    s.check_invariants()
+
+
+def test_closing_a_tuple_disarms_its_budget_wake_up() -> None:
+    # Regression: the budget's wake-up stayed armed while the gate was closed, and fired
+    # granting nothing.
+    s, clock = make(2)
+    s.set_budget(A, 1.0, None)
+    first = request(s)
+    front = request(s)
+    assert s.next_wakeup() == pytest.approx(60.0)
+    s.close(A, None)
+    assert peek_wakeup(s) is None  # nothing of A may draw while it is closed
+    clock.now = 30.0
+    s.open(A)
+    assert s.next_wakeup() == pytest.approx(60.0)  # the front blocks again, same instant
+    clock.now = 60.0
+    assert s.advance()
+    assert front.state == GRANTED
+    s.release(front)
+    s.close(A, 100.0)  # a timed closure: its reopen is the only wake-up
+    late = request(s)
+    assert peek_wakeup(s) == 100.0
+    clock.now = 100.0
+    assert s.advance()
+    assert late.state == QUEUED  # open again, and blocked until its own instant
+    assert s.next_wakeup() == pytest.approx(120.0)
+    s.release(first)
+    s.check_invariants()
+
+
 def test_settle_refunds_and_charges_at_once() -> None:
     s, _clock = make(10)
     s.set_budget(A, None, 100.0)
@@ -927,12 +979,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         limit=st.integers(1, 3),
         fresh=st.booleans(),
         max_queued=st.none() | st.integers(0, 5),
+        kept=st.sampled_from([0, 1, _engine.IDLE_KEPT]),
     )
-    def start(self, limit: int, fresh: bool, max_queued: int | None) -> None:
+    def start(self, limit: int, fresh: bool, max_queued: int | None, kept: int) -> None:
+        # ``kept``: how many idle tuples stay cached; 0 forgets each at once, so tickets
+        # outlive their tuple's bookkeeping (a lend that ends, a settle after the exit).
+        self.kept = _engine.IDLE_KEPT
+        _set_idle_kept(kept)
         self.clock = Clock()
         self.s = Scheduler(limit, fresh_reacquire=fresh, max_queued=max_queued, clock=self.clock)
         self.m = Model(limit, fresh=fresh, max_queued=max_queued)
         self.parkers: dict[int, FakeParker] = {}
+
+    def teardown(self) -> None:
+        kept = getattr(self, "kept", None)
+        if kept is not None:
+            _set_idle_kept(kept)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -1176,6 +1238,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
         for r in sorted(failed, key=lambda r: r.key):
             m.discard(r)
+        m.blocks.pop(t, None)  # nothing of t draws while it is closed
         m.settle()
         self.s.close(t, at)
         for r in failed:
@@ -1247,6 +1310,33 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._budget_moved(r.t)
         self.s.settle(cast(RequestTicket, r.ticket), tokens)
 
+    @rule(index=st.integers(0, 1000))
+    def refund(self, index: int) -> None:
+        # A granted request cancelled before it resumed: what it drew goes back, then its
+        # slot (the shell's order: refund, then release).
+        m = self.m
+        r = self._pick(index, (GRANTED,), request=True)
+        if r is None:
+            return
+        budget = m.budgets.get(r.t)
+        if m.budgeted(r.t):
+            assert budget is not None
+            if budget.requests is not None:
+                budget.requests.adjust(-1, m.now)
+            if budget.tokens is not None and r.tokens:
+                budget.tokens.adjust(-r.tokens, m.now)
+            self._budget_moved(r.t)
+        self.s.refund(cast(RequestTicket, r.ticket))
+        m.end_request(r)
+        m.settle()
+        self.s.release(r.ticket)
+
+    @rule(explicit=st.none() | st.integers(1, 40))
+    def next_order(self, explicit: int | None) -> None:
+        # next_acceptance_order(), or an explicit order seen by a call that was refused.
+        if explicit is None:
+            assert self.s.next_order() == self.m.next_order(None)
+
     @rule(dt=st.sampled_from([0.1, 0.5, 1.0, 3.0, 10.0]))
     def tick(self, dt: float) -> None:
         # Time passes before the timer fires (a busy loop): what is due waits for advance(),
@@ -1283,6 +1373,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.s.advance() == due
 
     # -- invariants -------------------------------------------------------------------------------
+
+    @invariant()
+    def reads_change_nothing(self) -> None:
+        s, m = self.s, self.m
+        before = _fingerprint(s)
+        s.check_invariants()
+        peek_wakeup(s)
+        for t in TUPLES:
+            state = s.tuple_state(t)
+            stats = None if state is None else tuple_snapshot(state, m.now, 0.0)
+            budget = m.budgets.get(t)
+            for seen, model in (
+                (
+                    None if stats is None else stats.requests_available,
+                    None if budget is None else budget.requests,
+                ),
+                (
+                    None if stats is None else stats.tokens_available,
+                    None if budget is None else budget.tokens,
+                ),
+            ):
+                assert seen == (None if model is None else model.available(m.now)), t
+        assert _fingerprint(s) == before
 
     @invariant()
     def matches_the_model(self) -> None:
@@ -1346,6 +1459,41 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not any(
                 r.candidate and r.cover is p and r.state == QUEUED for r in self.m.refs
             ), p
+
+
+def _set_idle_kept(kept: int) -> None:
+    # The engine and the checker read the module constant at call time.
+    for module in (_engine, _checks):
+        module.__dict__["IDLE_KEPT"] = kept
+
+
+def _fingerprint(s: Scheduler) -> object:
+    """What a read must leave as it is: counts, heaps, lines, blocks, buckets."""
+    lines = [
+        (len(line.items), line.dead, line.entry)
+        for state in s._tuples.values()
+        for line in (state.permits, state.requests, state.covered)
+    ]
+    buckets = [
+        (b.level, b.stamp, b.capacity)
+        for state in s._tuples.values()
+        for b in (state.request_bucket, state.token_bucket)
+        if b is not None
+    ]
+    blocks = [(state.block, state.block_until) for state in s._tuples.values()]
+    return (
+        s.version,
+        s._counter,
+        s._seq,
+        list(s._ready),
+        list(s._bypass),
+        list(s._wakeups),
+        list(s._tuples),
+        list(s._idle),
+        lines,
+        buckets,
+        blocks,
+    )
 
 
 def permit(ref: Ref) -> PermitTicket:
