@@ -42,6 +42,7 @@ from lovely_coordinator_limits import (
 )
 
 from lovely_coordinator import AgentCoordinator, InvalidArgumentError, get_agent_coordinator
+from lovely_coordinator._requests import current_request_var
 
 from ._tuples import RequestLike, tuple_for_request
 
@@ -198,7 +199,13 @@ class Gate(Generic[RequestT, ResponseT]):
             context = self.coordinator.request(
                 t, tokens=estimate, acceptance_order=order, reject_on_closed_tuple=self._reject
             )
+            outside = current_request_var.get()
             model_request = await context.__aenter__()
+            # The request context stays open after this returns (a streamed body), but the
+            # caller's code is not inside it: left current, it would make the task's next
+            # call of this tuple join this one (two calls, one slot, one draw). Its exit,
+            # later, restores this same value.
+            current_request_var.set(outside)
             try:
                 draw, owner = self.handler.track(model_request)
             except BaseException:

@@ -355,6 +355,61 @@ async def test_an_anthropic_stream_settles_from_its_message_delta(
         assert 600 - 5 <= entry.tokens_available <= 600 - 5 + 10 * elapsed + 1e-6
 
 
+# A chat completion as the provider would send it, for scripted answers with odd headers
+# or usage.
+_COMPLETION = {
+    "id": "chatcmpl-scripted",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "gpt-test",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+async def test_absurd_rate_limit_headers_do_not_fail_the_call(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
+    """Regression: a limit too large to reason with (a plain decimal near the largest
+    float) made the learned rate overflow to infinity, and ``learn_budget`` raised out of
+    the transport: the provider's answer became an InvalidArgumentError."""
+    with anyio.fail_after(10):
+        coordinator = create_agent_coordinator(2)
+        huge = "17" + "0" * 307
+        headers = {
+            "x-ratelimit-limit-requests": huge,
+            "x-ratelimit-remaining-requests": huge,
+            "x-ratelimit-reset-requests": "0s",
+        }
+        fake_provider.script("gpt-test", Refuse(200, headers=headers, body=_COMPLETION))
+        async with _openai(fake_provider_url, coordinator) as client:
+            assert await _chat(client) == "ok"
+        assert _entry(coordinator) is None  # nothing learned from it
+        assert coordinator.active_count == 0
+
+
+@pytest.mark.parametrize("prompt_tokens", [2**53 + 1, 10**30])
+async def test_absurd_usage_does_not_fail_the_call(
+    fake_provider: FakeProvider, fake_provider_url: str, prompt_tokens: int
+) -> None:
+    """Regression: usage above what a budget counts made the settlement raise when the
+    body was closed, so the answer never reached the caller."""
+    with anyio.fail_after(10):
+        coordinator = create_agent_coordinator(2)
+        coordinator.set_budget(T, tokens_per_minute=600)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": 1}
+        fake_provider.script("gpt-test", Refuse(200, body={**_COMPLETION, "usage": usage}))
+        async with _openai(fake_provider_url, coordinator) as client:
+            assert await _chat(client) == "ok"
+        entry = _entry(coordinator)
+        assert entry is not None
+        assert entry.tokens_available is not None
+        assert entry.tokens_available <= 600 - 2**53 + 60  # charged the most a budget counts
+        assert coordinator.active_count == 0
+
+
 async def test_every_extension_shares_one_handler(fake_provider_url: str) -> None:
     coordinator = create_agent_coordinator(2)
     first = CoordinatedTransport(coordinator)

@@ -17,6 +17,7 @@ import pytest
 from lovely_coordinator_httpx import CoordinatedTransport
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Refuse
+from openai.types.chat import ChatCompletionMessageParam
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -177,6 +178,39 @@ async def test_openai_stream_holds_the_permit_until_closed(
             assert "".join(pieces) == "ok"
             assert coordinator.active_count == 0
         del stream, chunk
+        gc.collect()
+
+
+@openai_sse_on_trio
+async def test_two_open_streams_of_one_task_take_a_slot_each(
+    provider: FakeProvider, url: str
+) -> None:
+    """Regression: the request context of an open stream stayed current in the caller's
+    task, so the task's next call of the same tuple joined it: two calls in flight on one
+    slot and one draw, past the cap. (At max_concurrency=1 the second would wait.)"""
+    with anyio.fail_after(10):
+        coordinator = create_agent_coordinator(2)
+        coordinator.set_budget(("local", "gpt-test"), requests_per_minute=60)
+        async with _openai(url, _transport(coordinator)) as client:
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+            first = await client.chat.completions.create(
+                model="gpt-test", messages=messages, stream=True
+            )
+            second = await client.chat.completions.create(
+                model="gpt-test", messages=messages, stream=True
+            )
+            assert coordinator.active_count == 2
+            (entry,) = coordinator.statistics().tuples
+            assert entry.requests_available is not None
+            assert entry.requests_available < 59  # two drawn (refill: 1 a second)
+            # A plain call meanwhile takes a slot of its own as well.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_chat, client, "gpt-test")
+                await _until(coordinator, lambda s: s.queued == 1)
+                await first.close()
+            await second.close()
+            assert coordinator.active_count == 0
+        del first, second
         gc.collect()
 
 

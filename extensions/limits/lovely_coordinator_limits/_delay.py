@@ -150,7 +150,7 @@ def delay_from_body(body: object) -> float | None:
     if isinstance(body, str):
         try:
             body = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return None
     for candidate in body if isinstance(body, list) else [body]:
         error = candidate.get("error") if isinstance(candidate, dict) else None

@@ -22,6 +22,11 @@ from ._learn import BudgetLearner, Marks
 
 __all__ = ["Draw", "ModelRequestLike"]
 
+# The most a coordinator's budget counts (its ``settle`` refuses more). A provider that
+# reports more usage than that reports garbage; it is charged this much rather than
+# failing the call that read it.
+_MOST_TOKENS = 2**53
+
 
 class ModelRequestLike(Protocol):
     """The part of ``lovely_coordinator.ModelRequest`` a draw uses."""
@@ -71,9 +76,13 @@ class Draw:
     def settle(self, tokens: int) -> None:
         """The call used ``tokens`` (from its usage): charge that instead of the estimate.
 
+        A count above 2**53, more than a budget counts, is charged as 2**53.
+
         Raises:
             InvalidArgumentError: ``tokens`` is not an int ≥ 0 (nothing changed).
         """
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > _MOST_TOKENS:
+            tokens = _MOST_TOKENS
         self.request.settle(tokens)
         self._learner.tokens.adjust(tokens - self._charged)
         self._charged = tokens

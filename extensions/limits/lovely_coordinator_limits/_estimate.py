@@ -134,7 +134,7 @@ def estimate_tokens(
     if isinstance(body, bytes | str):
         try:
             payload = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return 0
     if not isinstance(payload, Mapping):
         return 0

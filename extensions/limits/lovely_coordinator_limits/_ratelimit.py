@@ -29,6 +29,10 @@ from ._delay import plain_number as _number
 __all__ = ["Limit", "RateLimits", "rate_limits_from_headers"]
 
 _ANTHROPIC = "anthropic-ratelimit-"
+# No provider budget comes near this; a header above it is garbage, and the learner's
+# arithmetic on it (a share, a nudge of 1.5) would overflow to infinity, which no budget
+# accepts. So it counts as not sent, like any unparseable value.
+_MAX_AMOUNT = 2.0**53
 
 
 @final
@@ -71,7 +75,8 @@ def rate_limits_from_headers(
         now: the current time, for Anthropic's reset times; defaults to the system clock.
 
     Returns:
-        What was found; unparseable values count as not sent.
+        What was found; unparseable values, and amounts above 2**53 (no budget is that
+        large), count as not sent.
     """
     items = headers.items() if isinstance(headers, Mapping) else headers
     found = {name.lower(): value for name, value in items}
@@ -104,10 +109,15 @@ def _anthropic(found: Mapping[str, str], budget: str, now: datetime) -> Limit | 
 
 
 def _limit(limit: str | None, remaining: str | None, reset: float | None) -> Limit | None:
-    per_minute = _number(limit) if limit is not None else None
-    left = _number(remaining) if remaining is not None else None
+    per_minute = _amount(limit)
+    left = _amount(remaining)
     if per_minute is not None and per_minute <= 0:
         per_minute = None
     if per_minute is None and left is None:
         return None
     return Limit(per_minute, left, reset)
+
+
+def _amount(text: str | None) -> float | None:
+    value = _number(text) if text is not None else None
+    return value if value is not None and value <= _MAX_AMOUNT else None

@@ -78,7 +78,7 @@ def usage_from_body(body: bytes | str) -> Usage | None:
     """The usage in a JSON response body, or ``None`` (not JSON, or no usage)."""
     try:
         return usage_from_json(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
 
 
@@ -150,7 +150,7 @@ class UsageMeter:
             return
         try:
             event = json.loads(line[5:])
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         found = usage_from_json(event)
         if found is None:

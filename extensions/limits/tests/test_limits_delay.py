@@ -135,6 +135,12 @@ def _gemini(delay: str) -> dict[str, object]:
     }
 
 
+def test_a_body_nested_past_the_parser_gives_no_delay() -> None:
+    """Regression: it raised RecursionError, out of the transport, instead of the 429."""
+    assert delay_from_body(b"[" * 100_000) is None
+    assert delay_from_body("[" * 100_000) is None
+
+
 def test_delay_from_body() -> None:
     assert delay_from_body(_gemini("30s")) == 30.0
     assert delay_from_body([_gemini("1.5s")]) == 1.5

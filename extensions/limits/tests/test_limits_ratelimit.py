@@ -76,3 +76,18 @@ def test_anthropic_reset_in_the_past_is_zero() -> None:
         "anthropic-ratelimit-requests-reset": _at(-30),
     }
     assert rate_limits_from_headers(headers, now=NOW) == RateLimits(Limit(50.0, None, 0.0), None)
+
+
+def test_amounts_too_large_to_reason_with_count_as_not_sent() -> None:
+    """Regression: a limit near the largest float made the learned rate overflow to
+    infinity, which ``learn_budget`` refused, out of the transport."""
+    huge = "17" + "0" * 307
+    headers = {
+        "x-ratelimit-limit-requests": huge,
+        "x-ratelimit-remaining-requests": huge,
+        "x-ratelimit-limit-tokens": str(2**53 + 2),
+        "x-ratelimit-remaining-tokens": "900",
+    }
+    assert rate_limits_from_headers(headers) == RateLimits(None, Limit(None, 900.0, None))
+    headers["x-ratelimit-limit-tokens"] = str(2**53)
+    assert rate_limits_from_headers(headers).tokens == Limit(float(2**53), 900.0, None)

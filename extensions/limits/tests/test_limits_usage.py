@@ -131,3 +131,17 @@ def test_a_huge_json_body_is_not_held() -> None:
     assert len(meter._pending) == 0
     meter.feed(b'{"usage": {"prompt_tokens": 1}}')
     assert meter.usage() is None
+
+
+def test_bodies_nested_past_the_parser_have_no_usage() -> None:
+    """Regression: JSON nested deeper than the parser goes raised RecursionError, out of
+    the transport (while the caller read a stream, or when it closed a body)."""
+    deep = b"[" * 100_000
+    assert usage_from_body(deep) is None
+    meter = UsageMeter("application/json")
+    meter.feed(deep)
+    assert meter.usage() is None
+    events = UsageMeter("text/event-stream")
+    events.feed(b'data: {"usage": ' + deep + b"\n\n")
+    events.feed(b'data: {"usage": {"prompt_tokens": 2, "completion_tokens": 1}}\n\n')
+    assert events.usage() == Usage(2, 1)

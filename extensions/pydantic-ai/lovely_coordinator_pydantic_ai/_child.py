@@ -118,9 +118,12 @@ class ChildAgent(Generic[OutputT]):
 
     @property
     def idle(self) -> bool:
-        """Whether it is alive and neither running a turn nor holding queued input."""
+        """Whether it is alive, has run its first turn, and is neither running a turn nor
+        holding queued input. (A child whose first turn has not begun is not idle: its
+        task has not started yet, and its first prompt is still to be answered.)"""
         return (
             not self.dispose_event.is_set()
+            and self._turns > 0
             and not self._busy
             and self._send.statistics().current_buffer_used == 0
         )

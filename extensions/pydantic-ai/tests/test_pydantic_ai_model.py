@@ -23,6 +23,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import RequestUsage
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -185,6 +186,24 @@ async def test_ordinary_failures_are_not_retried() -> None:
         with pytest.raises(ModelHTTPError):
             await Agent(model).run("go")
         assert calls == [1]
+
+
+async def test_absurd_usage_is_charged_as_the_most_a_budget_counts() -> None:
+    """Regression: usage above 2**53 made the settlement raise, failing the request."""
+    with anyio.fail_after(5):
+        coordinator = create_agent_coordinator(1)
+
+        def huge(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            return ModelResponse(parts=[TextPart("ok")], usage=RequestUsage(input_tokens=10**30))
+
+        model = CoordinatedModel(FunctionModel(huge, model_name="huge"), coordinator=coordinator)
+        coordinator.set_budget(model.tuple, tokens_per_minute=600)
+        assert (await Agent(model).run("go")).output == "ok"
+        entry = coordinator.tuple_statistics(model.tuple)
+        assert entry is not None
+        assert entry.tokens_available is not None
+        assert entry.tokens_available <= 600 - 2**53 + 60
+        assert coordinator.active_count == 0
 
 
 def test_max_attempts_is_validated() -> None:

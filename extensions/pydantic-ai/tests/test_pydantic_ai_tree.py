@@ -513,6 +513,43 @@ async def test_kept_children_are_bounded() -> None:
         assert len(started) == 2
 
 
+async def test_a_kept_child_yet_to_answer_is_not_disposed_to_make_room() -> None:
+    """Regression: a kept child counted as idle until its task began its first turn, so a
+    second ``start`` right after the first disposed it unanswered (at max_residents=1)."""
+    with anyio.fail_after(10):
+        coordinator = _coordinator(4)
+        started: list[ChildAgent[str]] = []
+        refusals: list[str] = []
+        async with AgentTree(coordinator, max_residents=1) as tree:
+            quick = Agent(tree.wrap(_answering("quick")))
+
+            def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                if _tool_returns(messages):
+                    return ModelResponse(parts=[TextPart("started")])
+                return ModelResponse(parts=[ToolCallPart("start", {"task": "job"})])
+
+            root = Agent(tree.wrap(FunctionModel(respond, model_name="root")))
+
+            @root.tool_plain
+            async def start(task: str) -> str:
+                started.append(tree.start(quick, "one"))
+                try:
+                    started.append(tree.start(quick, "two"))
+                except SpawnRefusedError as exc:
+                    refusals.append(str(exc))
+                return "ok"
+
+            assert await tree.run(root, "go", session_id="r") == "started"
+            assert await started[0].result() == "quick:one#1"
+            assert len(started) == 1
+            assert refusals == ["Too many resident sub-agents are busy (max_residents=1)"]
+            # Once it has answered it is idle, and makes room for the next one.
+            await anyio.wait_all_tasks_blocked()
+            assert await tree.run(root, "go", session_id="r2") == "started"
+            assert started[0].dispose_event.is_set()
+            assert await started[1].result() == "quick:one#1"
+
+
 async def test_run_is_typed_and_passes_deps_limits_and_settings() -> None:
     with anyio.fail_after(10):
         coordinator = _coordinator(2)
