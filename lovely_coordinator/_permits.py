@@ -21,7 +21,7 @@ process (``_shared.py``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
@@ -94,33 +94,44 @@ def find_permit(owner: object) -> AgentPermit | None:
     return None
 
 
-def _enter(permit: AgentPermit) -> Token[_Frame | None]:
-    return _current.set((permit, permit._coordinator, _current.get()))
+def _enter(permit: AgentPermit) -> None:
+    _current.set((permit, permit._coordinator, _current.get()))
 
 
-def restore(token: Token[Any], var: ContextVar[Any], handle: object) -> None:
-    """Undo the matching ``var.set`` of ``handle``, as far as it is safe to.
+def restore(var: ContextVar[Any], handle: object) -> None:
+    """Take ``handle``'s frame out of the current context's chain, as far as it is there.
 
-    In the context it was entered in, the outer value is restored (the token's reset). An
-    exit may run in another context, though: frameworks enter a stream's context manager
-    in one task and exit it in another (pydantic-ai does), and ``ContextVar.reset`` refuses
-    a token from a different context. There, if ``handle`` is what that context sees as
-    current (it was copied from inside the body), its enclosing frame becomes current
-    again; otherwise that context never saw it and is left alone. Never raises.
+    Normally it is the current frame, and its enclosing frame becomes current again. An
+    exit may run in another context, though (frameworks enter a stream's context manager
+    in one task and exit it in another; pydantic-ai does): the same holds there if the
+    context was copied from inside the body. An exit may also come out of order (a stream
+    closed inside a later request of the same task): then the frames entered after it stay
+    current and only its own frame leaves the chain. A context that never saw ``handle``
+    is left alone. Never raises.
     """
-    try:
-        var.reset(token)
-    except ValueError:  # a token of another context
-        frame = var.get()
-        if frame is not None and frame[0] is handle:
-            var.set(frame[-1])
+    frame = var.get()
+    if frame is None:
+        return
+    if frame[0] is handle:  # the common case: it is current
+        var.set(frame[-1])
+        return
+    later = []
+    while frame is not None and frame[0] is not handle:
+        later.append(frame)
+        frame = frame[-1]
+    if frame is None:
+        return  # never seen here
+    rest = frame[-1]
+    for newer in reversed(later):  # rebuilt without it: frames are immutable
+        rest = (*newer[:-1], rest)
+    var.set(rest)
 
 
 @final
 class PermitContext:
     """What ``AgentCoordinator.permit`` returns (a class, not a generator: it is hot)."""
 
-    __slots__ = ("_coordinator", "_order", "_permit", "_reject", "_t", "_token")
+    __slots__ = ("_coordinator", "_order", "_permit", "_reject", "_t")
 
     def __init__(
         self, coordinator: CoordinatorCore, t: ModelTuple, order: int | None, reject: bool
@@ -130,7 +141,6 @@ class PermitContext:
         self._order = order
         self._reject = reject
         self._permit: AgentPermit | None = None
-        self._token: Token[_Frame | None] | None = None
 
     async def __aenter__(self) -> AgentPermit:
         if self._permit is not None:
@@ -141,7 +151,7 @@ class PermitContext:
         ticket, admitted = coordinator._enqueue_permit(self._t, self._order, self._reject)
         await admitted
         permit = self._permit = AgentPermit(coordinator, ticket)
-        self._token = _enter(permit)
+        _enter(permit)
         return permit
 
     async def __aexit__(
@@ -152,9 +162,8 @@ class PermitContext:
     ) -> None:
         permit = self._permit
         assert permit is not None
-        assert self._token is not None
         try:
-            restore(self._token, _current, permit)
+            restore(_current, permit)
         finally:
             permit.release()
 
@@ -254,11 +263,11 @@ class AgentPermit:
             raise PermitReleasedError(RELEASED_MESSAGE)
 
     async def _run(self, work: Callable[[], Awaitable[T]]) -> T:
-        token = _enter(self)
+        _enter(self)
         try:
             return await work()
         finally:
-            restore(token, _current, self)
+            restore(_current, self)
             self.release()
 
 

@@ -10,7 +10,7 @@ counting the call twice. Child tasks never join: that would bypass the cap.
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, final
 
@@ -111,7 +111,6 @@ class RequestContext:
         "_reject",
         "_request",
         "_t",
-        "_token",
         "_tokens",
     )
 
@@ -131,7 +130,6 @@ class RequestContext:
         self._entered = False
         self._joined = False
         self._request: ModelRequest | None = None
-        self._token: Token[RequestFrame | None] | None = None
 
     async def __aenter__(self) -> ModelRequest:
         if self._entered:
@@ -162,9 +160,7 @@ class RequestContext:
         )
         await admitted
         request = self._request = ModelRequest(coordinator, ticket)
-        self._token = current_request_var.set(
-            (request, coordinator, task, current_request_var.get())
-        )
+        current_request_var.set((request, coordinator, task, current_request_var.get()))
         return request
 
     async def __aexit__(
@@ -177,9 +173,8 @@ class RequestContext:
         assert request is not None
         if self._joined:
             return
-        assert self._token is not None
         try:
-            restore(self._token, current_request_var, request)
+            restore(current_request_var, request)
         finally:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)

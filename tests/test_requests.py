@@ -161,6 +161,24 @@ async def test_the_same_task_entering_again_joins_the_request() -> None:
         assert_idle(coord)
 
 
+async def test_a_request_exited_out_of_order_leaves_a_later_one_current() -> None:
+    # Regression (found by review): a stream's request closed inside a later request of
+    # the same task reset the current request to what it was before the stream, so calls
+    # inside the later request no longer joined it (two slots, two draws for one call).
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(3)
+        stream = coord.request(T)
+        await stream.__aenter__()  # a streamed body: its request stays open
+        async with coord.request(U) as later:
+            await stream.__aexit__(None, None, None)  # the stream is closed in here
+            async with coord.request(U) as inside:
+                assert inside is later
+            assert coord.active_count == 1
+        async with coord.request(U) as after:  # and nothing stale is current
+            assert after is not later
+        assert_idle(coord)
+
+
 async def test_a_child_task_never_joins_its_parents_request() -> None:
     with anyio.fail_after(5):
         coord = create_agent_coordinator(1)
