@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.text import Text
 
 __all__ = ["NEEDS_RICH", "main", "render", "seconds", "watch"]
 
 NEEDS_RICH: Final = "top needs rich: pip install 'lovely-coordinator[top]'"
 LONGEST: Final = 10  # waiters shown
+# The most of a response read: a URL that streams gigabytes is an error, not a crash.
+MAX_DOCUMENT: Final = 64 * 1024 * 1024
 
 
 def seconds(value: float) -> str:
@@ -60,13 +63,15 @@ def _name(pair: list[str]) -> str:
     return f"{pair[0]}/{pair[1]}"
 
 
-def _gate(entry: dict[str, Any]) -> str:
+def _gate(entry: dict[str, Any]) -> Text:
+    from rich.text import Text
+
     if entry["open"]:
-        return "[green]open[/]"
+        return Text("open", style="green")
     reopens_in = entry.get("reopens_in")
     if reopens_in is None:
-        return "[red]closed · until opened[/]"
-    return f"[red]closed · reopens in {seconds(reopens_in)}[/]"
+        return Text("closed · until opened", style="red")
+    return Text(f"closed · reopens in {seconds(reopens_in)}", style="red")
 
 
 def _budget(entry: dict[str, Any]) -> str:
@@ -94,18 +99,28 @@ def _why(waiter: dict[str, Any], tuples: dict[str, dict[str, Any]], limit: int) 
 
 
 def render(document: dict[str, Any] | None, url: str, error: str | None = None) -> RenderableType:
-    """The screen for one snapshot (``document`` is the endpoint's JSON)."""
+    """The screen for one snapshot (``document`` is the endpoint's JSON).
+
+    Everything the document says is shown as plain text, never read as rich markup: a
+    model named ``gpt-4o[beta]`` shows as itself.
+
+    Raises:
+        KeyError, TypeError, AttributeError: ``document`` is not a statistics document.
+    """
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    title = Text.from_markup(f"[bold]lovely-coordinator[/] · {url}")
+    title = Text.assemble(("lovely-coordinator", "bold"), f" · {url}")
     if document is None:
         return Group(title, Text(""), Text(f"cannot reach {url}: {error}; retrying", style="red"))
     limit = document["max_concurrency"]
-    summary = Text.from_markup(
-        f"active [bold]{document['active']}[/]/{limit} · queued [bold]{document['queued']}[/]"
-        f" · lent {document['lent']} · residents {document['residents']}"
+    summary = Text.assemble(
+        "active ",
+        (str(document["active"]), "bold"),
+        f"/{limit} · queued ",
+        (str(document["queued"]), "bold"),
+        f" · lent {document['lent']} · residents {document['residents']}",
     )
     tuples = Table(box=None, header_style="bold", pad_edge=False, expand=False)
     for column, justify in (
@@ -125,13 +140,13 @@ def render(document: dict[str, Any] | None, url: str, error: str | None = None) 
     tuples.columns[0].min_width = widest
     for name, entry in by_name.items():
         tuples.add_row(
-            name,
-            str(entry["active"]),
-            str(entry["queued"]),
-            str(entry["lent"]),
-            "-" if entry["limit"] is None else str(entry["limit"]),
+            Text(name),
+            Text(str(entry["active"])),
+            Text(str(entry["queued"])),
+            Text(str(entry["lent"])),
+            Text("-" if entry["limit"] is None else str(entry["limit"])),
             _gate(entry),
-            _budget(entry),
+            Text(_budget(entry)),
         )
     waiting = sorted(document["waiters"], key=lambda w: -w["waited"])[:LONGEST]
     waiters = Table(box=None, header_style="bold", pad_edge=False, expand=False)
@@ -142,11 +157,11 @@ def render(document: dict[str, Any] | None, url: str, error: str | None = None) 
     waiters.columns[1].min_width = widest
     for waiter in waiting:
         waiters.add_row(
-            f"waited {seconds(waiter['waited'])}",
-            _name(waiter["tuple"]),
-            str(waiter["acceptance_order"]),
-            waiter["kind"],
-            _why(waiter, by_name, limit),
+            Text(f"waited {seconds(waiter['waited'])}"),
+            Text(_name(waiter["tuple"])),
+            Text(str(waiter["acceptance_order"])),
+            Text(str(waiter["kind"])),
+            Text(_why(waiter, by_name, limit)),
         )
     parts: list[RenderableType] = [title, summary, Text("")]
     parts.append(tuples if by_name else Text("no tuple has work, a cap, a budget or a closed gate"))

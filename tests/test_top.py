@@ -363,3 +363,35 @@ def test_without_rich(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     assert main(["--once", "http://127.0.0.1:9"]) == 2
     assert demo_top(1.0, "asyncio") == 2
     assert "pip install 'lovely-coordinator[top]'" in capsys.readouterr().err
+
+
+def test_render_shows_names_as_written_never_as_markup() -> None:
+    # Regression: names went through rich markup, so "gpt-4o[beta]" showed as "gpt-4o"
+    # and a name with "[/]" crashed the view (MarkupError).
+    odd = ["openai", "gpt-4o[beta]"]
+    closing = ["lab[bold]", "m[/]"]
+    document = {
+        "max_concurrency": 1,
+        "active": 1,
+        "queued": 1,
+        "lent": 0,
+        "residents": 0,
+        "waiters_per_tuple": 100,
+        "tuples": [
+            {"tuple": t, "active": 1, "queued": 0, "lent": 0, "limit": None, "open": True,
+             "reopens_at": None, "reopens_in": None, "requests_available": None,
+             "tokens_available": None}
+            for t in (odd, closing)
+        ],
+        "waiters": [
+            {"tuple": closing, "acceptance_order": 2, "waited": 1.0, "reason": "capacity",
+             "kind": "[red]permit"},
+        ],
+    }  # fmt: skip
+    console = Console(width=160, record=True, force_terminal=False)
+    console.print(render(document, "http://[::1]:8123"))
+    screen = console.export_text()
+    assert "openai/gpt-4o[beta]" in screen
+    assert screen.count("lab[bold]/m[/]") == 2
+    assert "[red]permit" in screen
+    assert "http://[::1]:8123" in screen
