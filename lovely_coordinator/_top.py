@@ -13,6 +13,7 @@ fleet with an endpoint and this view on it (``_demo.demo_top``).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import select
@@ -176,9 +177,38 @@ def _statistics_url(url: str) -> str:
 
 
 def _fetch(url: str, timeout: float) -> dict[str, Any]:
+    """The endpoint's JSON object.
+
+    Raises:
+        OSError: unreachable, refused, an HTTP error.
+        http.client.HTTPException: the server does not speak HTTP.
+        ValueError: not JSON, not an object, or larger than ``MAX_DOCUMENT`` bytes.
+    """
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        document: dict[str, Any] = json.loads(response.read())
-        return document
+        data = response.read(MAX_DOCUMENT + 1)
+    if len(data) > MAX_DOCUMENT:
+        raise ValueError(f"the response is larger than {MAX_DOCUMENT} bytes")
+    document = json.loads(data)
+    if not isinstance(document, dict):
+        raise ValueError("the response is not a statistics document")
+    return document
+
+
+def _snapshot(endpoint: str, url: str, timeout: float) -> tuple[RenderableType, bool]:
+    """The screen for ``endpoint``'s document now, and whether it could be read.
+
+    Whatever the URL answers is shown, never raised: an endpoint that is down, JSON that
+    is not a statistics document (another service's URL, say), a response too large.
+    """
+    try:
+        document = _fetch(endpoint, timeout)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # Unreachable, refused, not HTTP, not JSON, too large.
+        return render(None, url, f"{type(exc).__name__}: {exc}"), False
+    try:
+        return render(document, url), True
+    except (KeyError, TypeError, AttributeError, ValueError):  # JSON of another shape
+        return render(None, url, "the response is not a statistics document"), False
 
 
 @contextmanager
@@ -223,10 +253,7 @@ def watch(url: str, interval: float = 1.0, *, done: Callable[[], bool] | None = 
             Live(console=console, screen=True, auto_refresh=False, transient=False) as live,
         ):
             while True:
-                try:
-                    live.update(render(_fetch(endpoint, timeout=2.0), url), refresh=True)
-                except (OSError, ValueError) as exc:  # unreachable, refused, not JSON
-                    live.update(render(None, url, str(exc)), refresh=True)
+                live.update(_snapshot(endpoint, url, 2.0)[0], refresh=True)
                 deadline = time.monotonic() + interval
                 while (left := deadline - time.monotonic()) > 0:
                     if key(min(left, 0.1)) in ("q", "Q"):
@@ -258,11 +285,7 @@ def main(argv: list[str]) -> int:
     if args.once:
         from rich.console import Console
 
-        try:
-            document = _fetch(_statistics_url(args.url), timeout=5.0)
-        except (OSError, ValueError) as exc:
-            Console().print(render(None, args.url, str(exc)))
-            return 1
-        Console().print(render(document, args.url))
-        return 0
+        screen, ok = _snapshot(_statistics_url(args.url), args.url, 5.0)
+        Console().print(screen)
+        return 0 if ok else 1
     return watch(args.url, args.interval)

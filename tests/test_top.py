@@ -19,15 +19,17 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
 from rich.console import Console
 
-from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
+from lovely_coordinator import AgentCoordinator, ModelTuple, _top, create_agent_coordinator
 from lovely_coordinator._demo import demo_top
-from lovely_coordinator._top import main, render, seconds, watch
+from lovely_coordinator._statserver import serve_document
+from lovely_coordinator._top import _snapshot, main, render, seconds, watch
 
 A = ModelTuple("openai", "gpt-4o")
 B = ModelTuple("anthropic", "claude-sonnet-4")
@@ -395,3 +397,71 @@ def test_render_shows_names_as_written_never_as_markup() -> None:
     assert screen.count("lab[bold]/m[/]") == 2
     assert "[red]permit" in screen
     assert "http://[::1]:8123" in screen
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "body",
+    [b"[]", b'{"active": 1}', b'{"max_concurrency": "x", "tuples": 5}', b"null", b"<html>"],
+    ids=["list", "fields", "types", "null", "not-json"],
+)
+async def test_top_shows_a_document_it_cannot_read_and_keeps_trying(body: bytes) -> None:
+    # Regression: JSON that is not a statistics document (another service's URL, say)
+    # crashed the view with a KeyError or TypeError traceback.
+    with anyio.fail_after(30):
+        async with serve_document("127.0.0.1", 0, "/statistics", lambda: body) as (host, port):
+            url = f"http://{host}:{port}"
+            console = Console(width=120, record=True, force_terminal=False)
+            screen, ok = await anyio.to_thread.run_sync(_snapshot, f"{url}/statistics", url, 5.0)
+            console.print(screen)
+            assert not ok
+            assert f"cannot reach {url}" in console.export_text()
+            calls = 0
+
+            def done() -> bool:
+                nonlocal calls
+                calls += 1
+                return calls > 2
+
+            assert await anyio.to_thread.run_sync(partial(watch, url, 0.02, done=done)) == 0
+            assert await anyio.to_thread.run_sync(main, ["--once", url]) == 1
+
+
+@pytest.mark.anyio
+async def test_top_refuses_a_document_larger_than_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: the whole response was read into memory, however large.
+    monkeypatch.setattr(_top, "MAX_DOCUMENT", 1000)
+    body = b'{"pad": "' + b"x" * 5000 + b'"}'
+    with anyio.fail_after(30):
+        async with serve_document("127.0.0.1", 0, "/statistics", lambda: body) as (host, port):
+            url = f"http://{host}:{port}"
+            screen, ok = await anyio.to_thread.run_sync(_snapshot, f"{url}/statistics", url, 5.0)
+            console = Console(width=120, record=True, force_terminal=False)
+            console.print(screen)
+            assert not ok
+            assert "larger than 1000 bytes" in console.export_text()
+
+
+@pytest.mark.anyio
+async def test_top_shows_a_server_that_does_not_speak_http() -> None:
+    # Regression: http.client's BadStatusLine (not an OSError) crashed the view.
+    async def answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    with anyio.fail_after(30):
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, answer)
+            url = f"http://127.0.0.1:{port}"
+            screen, ok = await anyio.to_thread.run_sync(_snapshot, f"{url}/statistics", url, 5.0)
+            assert await anyio.to_thread.run_sync(main, ["--once", url]) == 1
+            tg.cancel_scope.cancel()
+        console = Console(width=120, record=True, force_terminal=False)
+        console.print(screen)
+        assert not ok
+        assert "BadStatusLine" in console.export_text()
