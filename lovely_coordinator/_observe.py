@@ -83,7 +83,8 @@ class CoordinatorObservation(CoordinatorCore):
         ``tuple_limit``, ``budget``, ``capacity`` or ``inactive``) and ``kind``; a
         tuple's whole count is its ``queued``. Each request takes a fresh snapshot, O(n)
         in the waiters, that changes nothing. Other methods get 405, other paths 404,
-        malformed requests 400, and the server keeps serving. Loopback by default: the
+        malformed requests 400, and the server keeps serving: a connection idle for 10 s is
+        closed, and past 64 connections at once a new one gets 503. Loopback by default: the
         document names models and counts, nothing else, but is not meant for the
         internet.
 

@@ -12,7 +12,9 @@ never read into anything: a request with one is answered and its connection clos
 It keeps serving whatever a client does: every connection is handled in its own task,
 whatever goes wrong in it (a reset, garbage, a client that stops reading) ends only that
 connection, and a connection idle for ``IDLE_TIMEOUT`` seconds is closed, so stalled
-clients cannot pile up. Keep-alive works as HTTP/1.1 says.
+clients cannot pile up. At most ``MAX_CONNECTIONS`` are served at once: one more is told
+503 at once and closed, so a flood of clients can never take the process's file
+descriptors (which its model requests need). Keep-alive works as HTTP/1.1 says.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import anyio.abc
 import h11
 from anyio.abc import SocketAttribute
 
-__all__ = ["IDLE_TIMEOUT", "serve_document"]
+__all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "serve_document"]
 
 _log = logging.getLogger("lovely_coordinator.statistics")
 
 IDLE_TIMEOUT: Final = 10.0  # seconds a connection may take to send a whole request
+MAX_CONNECTIONS: Final = 64  # connections served at once (a live view needs one or two)
 _MAX_HEADERS: Final = 16 * 1024  # bytes of request line and headers h11 accepts
 _RECEIVE: Final = 64 * 1024
 _ALLOW: Final = "GET, HEAD"
@@ -57,13 +60,20 @@ async def serve_document(
     bound = listener.extra(SocketAttribute.local_address)
     address = (str(bound[0]), int(bound[1]))
 
+    served = 0  # connections being served (all in this event loop's thread)
+    most = MAX_CONNECTIONS  # (read here, so a test can lower it)
+
     async def handle(stream: anyio.abc.SocketStream) -> None:
+        nonlocal served
         try:
             await _connection(stream, path, document)
         except Exception:  # one connection's trouble never stops the server
             _log.debug("lovely_coordinator: statistics connection ended", exc_info=True)
+        finally:
+            served -= 1
 
     async def accept(sublistener: anyio.abc.SocketListener) -> None:
+        nonlocal served
         while True:
             try:
                 stream = await sublistener.accept()
@@ -71,6 +81,10 @@ async def serve_document(
                 _log.warning("lovely_coordinator: accepting a connection failed", exc_info=True)
                 await anyio.sleep(0.1)
                 continue
+            if served >= most:
+                await _refuse(stream)
+                continue
+            served += 1
             tg.start_soon(handle, stream)
 
     _log.info("lovely_coordinator: serving statistics on http://%s:%d%s", *address, path)
@@ -93,6 +107,20 @@ async def serve_document(
             raise failure
         finally:
             failure = None  # no reference cycle through the traceback
+
+
+async def _refuse(stream: anyio.abc.SocketStream) -> None:
+    # A fresh socket's send buffer takes these few bytes at once; the bound is for a
+    # peer that is already gone. Nothing is read, so the close is clean.
+    with anyio.move_on_after(1.0):
+        try:
+            conn = h11.Connection(h11.SERVER)
+            await _send(
+                stream, conn, *_error(503, "too many connections; try again later"), close=True
+            )
+        except Exception:
+            _log.debug("lovely_coordinator: refusing a statistics connection failed", exc_info=True)
+    await stream.aclose()
 
 
 async def _connection(

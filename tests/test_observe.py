@@ -265,3 +265,39 @@ def test_bad_arguments(host: Any, port: Any, error: type[Exception], message: st
     coordinator = create_agent_coordinator(1)
     with pytest.raises(error, match=f"^{message}$"):
         coordinator.serve_statistics(host, port)
+
+
+@pytest.mark.anyio
+async def test_connections_past_the_bound_are_refused_and_the_server_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: every connection was kept (for up to IDLE_TIMEOUT), however many, so a
+    # flood of idle clients could take all the process's file descriptors.
+    monkeypatch.setattr(_statserver, "MAX_CONNECTIONS", 3)
+    request = b"GET /statistics HTTP/1.1\r\nHost: x\r\n\r\n"
+    with anyio.fail_after(10):
+        async with fleet() as (coordinator, url):
+            before = state(coordinator)
+            host, port = url.removeprefix("http://").split(":")
+            held = []
+            for _ in range(3):  # served, then idle on keep-alive: each holds a place
+                stream = await anyio.connect_tcp(host, int(port))
+                held.append(stream)
+                await stream.send(request)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    received += await stream.receive()
+                assert received.startswith(b"HTTP/1.1 200 ")
+            answer = await raw(url, b"")  # one more: told so at once, and closed
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:80]
+            assert b"connection: close" in answer.lower()
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
+                "error": "too many connections; try again later"
+            }
+            await held.pop().aclose()  # a place frees when its client leaves
+            await wait_all_tasks_blocked()
+            answer = await raw(url, request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            for stream in held:
+                await stream.aclose()
+            assert state(coordinator) == before
