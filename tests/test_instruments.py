@@ -1,10 +1,11 @@
 """_instruments: what an Instrument is told, exactly once per wait, and what it may break.
 
-A state machine drives the pure scheduler with a recording instrument attached and checks,
-after every step, that the waits it was told started and not yet ended are exactly the
-scheduler's queued tickets, and that an end without a start reports no wait at all. The
-coordinator-level tests then check each outcome (granted, cancelled, rejected), token
-settlements and the containment of hooks that raise, on asyncio and trio.
+A state machine drives the pure scheduler (permits, reservations, model requests with and
+without a covering permit, budgets, gates, lending, time) with a recording instrument
+attached and checks, after every step, that the waits it was told started and not yet
+ended are exactly the scheduler's queued tickets, and that an end without a start reports
+no wait at all. The coordinator-level tests then check each outcome (granted, cancelled,
+rejected), token settlements and the containment of hooks that raise, on asyncio and trio.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 from lovely_coordinator._instruments import Dispatch
-from lovely_coordinator._lines import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket
+from lovely_coordinator._lines import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, Ticket
 from lovely_coordinator._scheduler import Scheduler
 
 A = ModelTuple("p", "a")
@@ -96,13 +97,18 @@ class InstrumentedScheduler(RuleBasedStateMachine):
 
     @initialize(limit=st.integers(1, 3), max_queued=st.none() | st.integers(0, 4))
     def start(self, limit: int, max_queued: int | None) -> None:
-        self.s = Scheduler(limit, max_queued=max_queued)
+        self.now = 0.0
+        self.s = Scheduler(limit, max_queued=max_queued, clock=lambda: self.now)
         self.recorder = Recorder()
         self.s.observer = Dispatch(((object(), self.recorder),))
-        self.tickets: list[PermitTicket] = []
+        self.tickets: list[Ticket] = []
 
-    def _pick(self, index: int, *states: int) -> PermitTicket | None:
+    def _pick(self, index: int, *states: int) -> Ticket | None:
         found = [t for t in self.tickets if t.state in states]
+        return found[index % len(found)] if found else None
+
+    def _permit(self, index: int, *states: int) -> PermitTicket | None:
+        found = [t for t in self.tickets if t.state in states and isinstance(t, PermitTicket)]
         return found[index % len(found)] if found else None
 
     @rule(t=st.sampled_from([A, B]), active=st.booleans(), reject=st.booleans())
@@ -115,6 +121,32 @@ class InstrumentedScheduler(RuleBasedStateMachine):
             return
         ticket.parker = FakeParker() if ticket.state != GRANTED else None
         self.tickets.append(ticket)
+
+    @rule(
+        t=st.sampled_from([A, B]),
+        reject=st.booleans(),
+        tokens=st.integers(0, 30),
+        cover=st.none() | st.integers(0, 20),
+    )
+    def request(self, t: ModelTuple, reject: bool, tokens: int, cover: int | None) -> None:
+        permit = None if cover is None else self._permit(cover, GRANTED, LENT)
+        try:
+            ticket = self.s.enqueue_request(t, None, reject, tokens, permit)
+        except (TupleSuspendedError, CoordinatorBusyError):
+            assert self.recorder.ended[-1][0] is None
+            assert self.recorder.ended[-1][2] == "rejected"
+            return
+        ticket.parker = FakeParker() if ticket.state != GRANTED else None
+        self.tickets.append(ticket)
+
+    @rule(t=st.sampled_from([A, B]), requests=st.none() | st.integers(1, 3))
+    def budget(self, t: ModelTuple, requests: int | None) -> None:
+        self.s.set_budget(t, requests, None if requests is None else 40)
+
+    @rule(seconds=st.sampled_from([0.5, 5.0, 60.0]))
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+        self.s.advance()
 
     @rule(index=st.integers(0, 20))
     def activate(self, index: int) -> None:
@@ -140,14 +172,14 @@ class InstrumentedScheduler(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, 20))
     def lend(self, index: int) -> None:
-        ticket = self._pick(index, GRANTED, LENT, QUEUED)
+        ticket = self._permit(index, GRANTED, LENT, QUEUED)
         if ticket is None or (ticket.state == QUEUED and not ticket.bypass):
             return
         self.s.lend_begin(ticket)
 
     @rule(index=st.integers(0, 20))
     def lend_end(self, index: int) -> None:
-        ticket = self._pick(index, LENT)
+        ticket = self._permit(index, LENT)
         if ticket is not None:
             self.s.lend_end(ticket, FakeParker())
 
