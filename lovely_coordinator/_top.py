@@ -4,7 +4,9 @@ It polls ``URL/statistics`` and redraws in place (rich's ``Live`` on the termina
 alternate screen, like ``top``): per tuple its active, queued and lent work, its cap, its
 gate ("closed · reopens in 14 s") and what its budget has left; then the longest waiters
 and why they wait ("waited 3.2 s"). Times are shown as durations, never as clock values.
-``q`` or Ctrl-C leaves. An unreachable endpoint is shown, and retried, not fatal.
+``q`` or Ctrl-C leaves. An unreachable endpoint, or a URL that answers something else
+(not HTTP, not a statistics document, more than ``MAX_DOCUMENT`` bytes), is shown and
+retried, never fatal.
 
 Needs ``rich``: ``pip install 'lovely-coordinator[top]'``. ``demo --top`` runs the demo's
 fleet with an endpoint and this view on it (``_demo.demo_top``).
