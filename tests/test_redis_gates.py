@@ -309,3 +309,53 @@ async def test_under_trio_the_error_says_asyncio_only(anyio_backend: str) -> Non
         return
     with pytest.raises(UsageError, match=r"asyncio-only .* cannot be used under trio"):
         RedisGates(client, create_agent_coordinator())
+
+
+async def hold_state_reads(
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> tuple[anyio.Event, anyio.Event]:
+    """Make ``replica``'s next state reads stop after the reply until ``proceed`` is set."""
+    read, proceed = anyio.Event(), anyio.Event()
+    real = replica.gates._state
+
+    async def held() -> tuple[str, dict[ModelTuple, float]]:
+        state = await real()
+        read.set()
+        await proceed.wait()
+        return state
+
+    monkeypatch.setattr(replica.gates, "_state", held)
+    return read, proceed
+
+
+async def test_a_closure_that_arrives_while_a_resync_reads_the_state_is_kept(
+    replicas: list[Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = replicas
+    with anyio.fail_after(10):
+        read, proceed = await hold_state_reads(b, monkeypatch)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.gates._resync)
+            await read.wait()  # the state (without the closure) is read, not yet applied
+            await a.gates.close_tuple(SLOW, reopen_after=30)
+            await closed_within(b.coordinator, SLOW, 0.5)
+            proceed.set()
+        assert not b.coordinator.is_tuple_open(SLOW)  # the stale read reopened nothing
+
+
+async def test_an_opening_that_arrives_while_a_resync_reads_the_state_is_kept(
+    replicas: list[Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = replicas
+    with anyio.fail_after(10):
+        await a.gates.close_tuple(SLOW, reopen_after=30)
+        await closed_within(b.coordinator, SLOW, 0.5)
+        read, proceed = await hold_state_reads(b, monkeypatch)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.gates._resync)
+            await read.wait()  # the state (with the closure) is read, not yet applied
+            await a.gates.open_tuple(SLOW)
+            while not b.coordinator.is_tuple_open(SLOW):  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+            proceed.set()
+        assert b.coordinator.is_tuple_open(SLOW)  # the stale read closed nothing again

@@ -131,6 +131,9 @@ class RedisGates:
         # Closures that could not reach Redis, pushed at the next resync.
         self._unsynced: dict[ModelTuple, float] = {}
         self._epoch: str | None = None  # of the gate set, as last read
+        # While a resync reads the state: the tuples changed meanwhile (by a message or a
+        # call), whose news may be newer than the state read, so the resync leaves them be.
+        self._touched: set[ModelTuple] | None = None
         self._resync_wanted = False  # messages may have been lost: resync at once
         self._wake: anyio.Event | None = None  # made on the loop (anyio needs one)
         self._stack: contextlib.AsyncExitStack | None = None
@@ -208,6 +211,7 @@ class RedisGates:
         model_tuple = as_model_tuple(t)
         require_asyncio()
         self._coordinator.open_tuple(model_tuple)
+        self._touch(model_tuple)
         self._applied.pop(model_tuple, None)
         self._unsynced.pop(model_tuple, None)
         try:
@@ -218,8 +222,13 @@ class RedisGates:
                 "opening %s: Redis unreachable (%s); opened locally", model_tuple, describe(exc)
             )
 
+    def _touch(self, t: ModelTuple) -> None:
+        if self._touched is not None:
+            self._touched.add(t)
+
     def _apply_close(self, t: ModelTuple, seconds: float) -> None:
         seconds = max(seconds, 0.0)
+        self._touch(t)
         self._coordinator.close_tuple(t, reopen_after=seconds)
         # What was asked for (read after the call, so never below the coordinator's own
         # deadline for it), not what the coordinator kept: a longer closure made locally
@@ -235,6 +244,7 @@ class RedisGates:
         elif kind == "o":
             t = _tuple(rest)
             self._coordinator.open_tuple(t)
+            self._touch(t)
             self._applied.pop(t, None)
 
     def _on_reset(self) -> None:
@@ -272,6 +282,16 @@ class RedisGates:
             if until > now:
                 await self._close_script([self._key], [_member(t), _ms(until - now), self._channel])
 
+    async def _read_state(self) -> tuple[str, dict[ModelTuple, float], set[ModelTuple]]:
+        """The state, and the tuples changed locally while it was read (see ``_touched``)."""
+        touched: set[ModelTuple] = set()
+        self._touched = touched
+        try:
+            epoch, closed = await self._state()
+        finally:
+            self._touched = None
+        return epoch, closed, touched
+
     async def _state(self) -> tuple[str, dict[ModelTuple, float]]:
         flat: list[Any] = await self._state_script([self._key, self._epoch_key], [])
         closed: dict[ModelTuple, float] = {}
@@ -286,7 +306,7 @@ class RedisGates:
         """Push closures that could not be shared, then make the local gates match Redis."""
         await self._push(self._unsynced)
         self._unsynced.clear()
-        epoch, closed = await self._state()
+        epoch, closed, touched = await self._read_state()
         if self._epoch is not None and epoch != self._epoch:
             # The server lost the gate set since the last resync (a restart without
             # persistence): put back what this replica knows, never shorter than it was.
@@ -298,12 +318,17 @@ class RedisGates:
                 len(known),
             )
             await self._push(known)
-            epoch, closed = await self._state()
+            epoch, closed, later = await self._read_state()
+            touched |= later
         self._epoch = epoch
+        # A tuple closed or opened while the state was read was told of news at least as
+        # new as the read's (a close after the read would otherwise be reopened here, an
+        # open closed again, until the next resync).
         for t, seconds in closed.items():
-            self._apply_close(t, seconds)
+            if t not in touched:
+                self._apply_close(t, seconds)
         for t, applied_until in list(self._applied.items()):
-            if t in closed:
+            if t in closed or t in touched:
                 continue
             # Redis has no closure: it was opened elsewhere (the message was lost) or it
             # ran out. Reopen only a closure this object set; a longer local one stays.
