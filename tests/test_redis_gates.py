@@ -225,6 +225,23 @@ async def test_bad_reopen_after_changes_nothing(
         assert await redis_client.zcard("lovely:{gates}:closed") == 0
 
 
+async def test_a_tuple_or_prefix_the_client_cannot_encode_changes_nothing(
+    replicas: list[Replica], redis_client: Any
+) -> None:
+    a, _ = replicas
+    bad = ModelTuple("openai", "gpt\ud800")  # a lone surrogate: no UTF-8 for it
+    with anyio.fail_after(5):
+        message = r"^the model tuple must be strings the client can encode as utf-8$"
+        with pytest.raises(InvalidArgumentError, match=message):
+            await a.gates.close_tuple(bad, reopen_after=5)
+        assert a.coordinator.is_tuple_open(bad)  # not even the local gate
+        with pytest.raises(InvalidArgumentError, match=message):
+            await a.gates.open_tuple(bad)
+        assert await redis_client.zcard("lovely:{gates}:closed") == 0
+    with pytest.raises(InvalidArgumentError, match=r"^prefix must be a string the client"):
+        RedisGates(redis_client, a.coordinator, prefix="\ud800")
+
+
 async def test_malformed_state_and_messages_are_ignored(
     replicas: list[Replica], redis_client: Any
 ) -> None:

@@ -186,6 +186,11 @@ async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
     ("kwargs", "message"),
     [
         ({"name": "", "limit": 1}, "name must be a nonempty string"),
+        ({"name": "\ud800", "limit": 1}, "name must be a string the client can encode as utf-8"),
+        (
+            {"name": "p", "limit": 1, "prefix": "\ud800"},
+            "prefix must be a string the client can encode as utf-8",
+        ),
         ({"name": "p", "limit": 0}, "limit must be a positive integer up to 1e9"),
         ({"name": "p", "limit": True}, "limit must be a positive integer up to 1e9"),
         ({"name": "p", "limit": 1.0}, "limit must be a positive integer up to 1e9"),

@@ -42,7 +42,14 @@ from .evalsha import Script
 from .keys import object_base
 from .log import describe, log
 from .subscriber import Subscriber, text
-from .validation import MAX_SECONDS, check_client, check_prefix, check_seconds, require_asyncio
+from .validation import (
+    MAX_SECONDS,
+    check_client,
+    check_prefix,
+    check_seconds,
+    check_sendable,
+    require_asyncio,
+)
 
 __all__ = ["RedisGates"]
 
@@ -115,7 +122,8 @@ class RedisGates:
         interval = as_seconds(resync_interval, message, positive=True)
         if interval > MAX_SECONDS:
             raise InvalidArgumentError(message)
-        base = object_base(check_prefix(prefix), "gates")
+        check_sendable(client, "prefix", check_prefix(prefix))
+        base = object_base(prefix, "gates")
         self._key = f"{base}:closed"
         self._epoch_key = f"{base}:epoch"
         self._channel = f"{base}:events"
@@ -184,6 +192,7 @@ class RedisGates:
             UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
+        check_sendable(self._client, "the model tuple", *model_tuple)
         seconds = check_seconds(reopen_after, "reopen_after")
         require_asyncio()
         self._coordinator.close_tuple(model_tuple, reopen_after=seconds)
@@ -209,6 +218,7 @@ class RedisGates:
             UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
+        check_sendable(self._client, "the model tuple", *model_tuple)
         require_asyncio()
         self._coordinator.open_tuple(model_tuple)
         self._touch(model_tuple)

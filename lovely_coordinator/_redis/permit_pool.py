@@ -40,7 +40,14 @@ from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
 from .subscriber import Subscriber, Watch
-from .validation import check_client, check_key, check_prefix, check_ttl, require_asyncio
+from .validation import (
+    check_client,
+    check_key,
+    check_prefix,
+    check_sendable,
+    check_ttl,
+    require_asyncio,
+)
 
 __all__ = ["RedisPermit", "RedisPermitPool"]
 
@@ -80,6 +87,7 @@ class RedisPermitPool:
     ) -> None:
         self._client = check_client(client)
         check_key(name, "name")
+        check_sendable(client, "name", name)
         # Bounded so that the scripts hand the server exact integers (a Lua number as
         # large as 1e20 reaches a command as "1e+20", which the server refuses midway).
         limit = as_index(limit, "limit must be a positive integer up to 1e9", maximum=MAX_LIMIT)
@@ -87,7 +95,8 @@ class RedisPermitPool:
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        self._base = base = object_base(check_prefix(prefix), "pool", name)
+        check_sendable(client, "prefix", check_prefix(prefix))
+        self._base = base = object_base(prefix, "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
         self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)
