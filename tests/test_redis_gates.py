@@ -23,6 +23,7 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 from lovely_coordinator._errors import UsageError
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisGates
 
@@ -376,3 +377,22 @@ async def test_an_opening_that_arrives_while_a_resync_reads_the_state_is_kept(
                 await anyio.sleep(0.005)
             proceed.set()
         assert b.coordinator.is_tuple_open(SLOW)  # the stale read closed nothing again
+
+
+async def test_a_cancelled_close_is_still_shared_at_the_next_resync(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    async with proxy_to(redis_server.port) as proxy:
+        a = Replica(redis_connect(proxy.url), resync_interval=60)
+        with anyio.fail_after(10):
+            async with a.gates:
+                proxy.drop()  # the close's request never reaches the server
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(a.gates.close_tuple, SLOW, 30)
+                        await anyio.wait_all_tasks_blocked()
+                        scope.cancel()
+                assert not a.coordinator.is_tuple_open(SLOW)  # closed locally at once
+                proxy.heal()
+                await a.gates._resync()
+                assert await redis_client.zscore("lovely:{gates}:closed", "openai\x00gpt-x")

@@ -206,9 +206,19 @@ class RedisGates:
             log.warning(
                 "closing %s: Redis unreachable (%s); gating locally", model_tuple, describe(exc)
             )
-            self._unsynced[model_tuple] = max(self._unsynced.get(model_tuple, 0.0), local_until)
+            self._keep_for_later(model_tuple, local_until)
             return
+        except BaseException:
+            # Cancelled (or worse) with the script maybe sent, maybe not: share it at the
+            # next resync all the same (a closure that did arrive is kept, not lengthened).
+            self._keep_for_later(model_tuple, local_until)
+            raise
         self._apply_close(model_tuple, int(remaining_ms) / 1000)
+
+    def _keep_for_later(self, t: ModelTuple, until: float) -> None:
+        """Push the closure of ``t`` until ``until`` at the next resync, which is due now."""
+        self._unsynced[t] = max(self._unsynced.get(t, 0.0), until)
+        self._on_reset()
 
     async def open_tuple(self, t: ModelTupleLike) -> None:
         """Open ``t`` on every replica (the local coordinator before this returns).
@@ -314,8 +324,12 @@ class RedisGates:
 
     async def _resync(self) -> None:
         """Push closures that could not be shared, then make the local gates match Redis."""
-        await self._push(self._unsynced)
-        self._unsynced.clear()
+        # A copy: a close that fails meanwhile adds to it, and is kept for the next push.
+        pending = dict(self._unsynced)
+        await self._push(pending)
+        for t, until in pending.items():
+            if self._unsynced.get(t) == until:
+                del self._unsynced[t]
         epoch, closed, touched = await self._read_state()
         if self._epoch is not None and epoch != self._epoch:
             # The server lost the gate set since the last resync (a restart without
