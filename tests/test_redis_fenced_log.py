@@ -92,6 +92,17 @@ async def test_bad_arguments(redis_client: Any, fence: Any, entry: Any) -> None:
 def test_bad_key(redis_client: Any) -> None:
     with pytest.raises(InvalidArgumentError, match=r"^key must be a nonempty string$"):
         FencedLog(redis_client, "")
+    with pytest.raises(InvalidArgumentError, match=r"^key must be a string the client can"):
+        FencedLog(redis_client, "\udfff")
+
+
+async def test_an_entry_the_client_cannot_encode_is_refused(redis_client: Any) -> None:
+    with anyio.fail_after(5):
+        log = FencedLog(redis_client, "log")
+        with pytest.raises(InvalidArgumentError, match=r"^entry must be a string the client"):
+            await log.append(1, "\ud800")
+        assert await log.entries() == []
+        assert await log.high_water() == 0
 
 
 @pytest.mark.parametrize("client", [None, "redis://127.0.0.1:6379", object()])

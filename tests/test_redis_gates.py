@@ -23,6 +23,7 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 from lovely_coordinator._errors import UsageError
+from lovely_coordinator._redis.faults import proxy_to
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisGates
 
@@ -225,6 +226,23 @@ async def test_bad_reopen_after_changes_nothing(
         assert await redis_client.zcard("lovely:{gates}:closed") == 0
 
 
+async def test_a_tuple_or_prefix_the_client_cannot_encode_changes_nothing(
+    replicas: list[Replica], redis_client: Any
+) -> None:
+    a, _ = replicas
+    bad = ModelTuple("openai", "gpt\ud800")  # a lone surrogate: no UTF-8 for it
+    with anyio.fail_after(5):
+        message = r"^the model tuple must be strings the client can encode as utf-8$"
+        with pytest.raises(InvalidArgumentError, match=message):
+            await a.gates.close_tuple(bad, reopen_after=5)
+        assert a.coordinator.is_tuple_open(bad)  # not even the local gate
+        with pytest.raises(InvalidArgumentError, match=message):
+            await a.gates.open_tuple(bad)
+        assert await redis_client.zcard("lovely:{gates}:closed") == 0
+    with pytest.raises(InvalidArgumentError, match=r"^prefix must be a string the client"):
+        RedisGates(redis_client, a.coordinator, prefix="\ud800")
+
+
 async def test_malformed_state_and_messages_are_ignored(
     replicas: list[Replica], redis_client: Any
 ) -> None:
@@ -309,3 +327,72 @@ async def test_under_trio_the_error_says_asyncio_only(anyio_backend: str) -> Non
         return
     with pytest.raises(UsageError, match=r"asyncio-only .* cannot be used under trio"):
         RedisGates(client, create_agent_coordinator())
+
+
+async def hold_state_reads(
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> tuple[anyio.Event, anyio.Event]:
+    """Make ``replica``'s next state reads stop after the reply until ``proceed`` is set."""
+    read, proceed = anyio.Event(), anyio.Event()
+    real = replica.gates._state
+
+    async def held() -> tuple[str, dict[ModelTuple, float]]:
+        state = await real()
+        read.set()
+        await proceed.wait()
+        return state
+
+    monkeypatch.setattr(replica.gates, "_state", held)
+    return read, proceed
+
+
+async def test_a_closure_that_arrives_while_a_resync_reads_the_state_is_kept(
+    replicas: list[Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = replicas
+    with anyio.fail_after(10):
+        read, proceed = await hold_state_reads(b, monkeypatch)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.gates._resync)
+            await read.wait()  # the state (without the closure) is read, not yet applied
+            await a.gates.close_tuple(SLOW, reopen_after=30)
+            await closed_within(b.coordinator, SLOW, 0.5)
+            proceed.set()
+        assert not b.coordinator.is_tuple_open(SLOW)  # the stale read reopened nothing
+
+
+async def test_an_opening_that_arrives_while_a_resync_reads_the_state_is_kept(
+    replicas: list[Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = replicas
+    with anyio.fail_after(10):
+        await a.gates.close_tuple(SLOW, reopen_after=30)
+        await closed_within(b.coordinator, SLOW, 0.5)
+        read, proceed = await hold_state_reads(b, monkeypatch)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.gates._resync)
+            await read.wait()  # the state (with the closure) is read, not yet applied
+            await a.gates.open_tuple(SLOW)
+            while not b.coordinator.is_tuple_open(SLOW):  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+            proceed.set()
+        assert b.coordinator.is_tuple_open(SLOW)  # the stale read closed nothing again
+
+
+async def test_a_cancelled_close_is_still_shared_at_the_next_resync(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    async with proxy_to(redis_server.port) as proxy:
+        a = Replica(redis_connect(proxy.url), resync_interval=60)
+        with anyio.fail_after(10):
+            async with a.gates:
+                proxy.drop()  # the close's request never reaches the server
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(a.gates.close_tuple, SLOW, 30)
+                        await anyio.wait_all_tasks_blocked()
+                        scope.cancel()
+                assert not a.coordinator.is_tuple_open(SLOW)  # closed locally at once
+                proxy.heal()
+                await a.gates._resync()
+                assert await redis_client.zscore("lovely:{gates}:closed", "openai\x00gpt-x")

@@ -346,6 +346,24 @@ async def test_bad_conversation_id(redis_client: Any) -> None:
             await locker.acquire("")
 
 
+async def test_a_string_the_client_cannot_encode_is_refused_and_changes_nothing(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(5):
+        with pytest.raises(InvalidArgumentError, match=r"^prefix must be a string the client"):
+            RedisLocker(redis_client, prefix="\ud800")
+        locker = RedisLocker(redis_client)
+        with (
+            caplog.at_level(logging.WARNING, "lovely_coordinator.redis"),
+            pytest.raises(
+                InvalidArgumentError, match=r"^conversation_id must be a string the client"
+            ),
+        ):
+            await locker.acquire("a\ud800")  # a lone surrogate: no UTF-8 for it
+        assert caplog.records == []  # no clean-up of an attempt that was never made
+        assert await redis_client.keys("lovely:*") == []
+
+
 # --- replicas sharing one conversation through TurnRegistry ------------------------------
 
 

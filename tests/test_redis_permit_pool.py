@@ -186,9 +186,16 @@ async def test_three_processes_never_exceed_the_cap_and_stay_fifo(
     ("kwargs", "message"),
     [
         ({"name": "", "limit": 1}, "name must be a nonempty string"),
-        ({"name": "p", "limit": 0}, "limit must be a positive integer"),
-        ({"name": "p", "limit": True}, "limit must be a positive integer"),
-        ({"name": "p", "limit": 1.0}, "limit must be a positive integer"),
+        ({"name": "\ud800", "limit": 1}, "name must be a string the client can encode as utf-8"),
+        (
+            {"name": "p", "limit": 1, "prefix": "\ud800"},
+            "prefix must be a string the client can encode as utf-8",
+        ),
+        ({"name": "p", "limit": 0}, "limit must be a positive integer up to 1e9"),
+        ({"name": "p", "limit": True}, "limit must be a positive integer up to 1e9"),
+        ({"name": "p", "limit": 1.0}, "limit must be a positive integer up to 1e9"),
+        # The scripts would pass it on as "1e+20", which the server refuses midway.
+        ({"name": "p", "limit": 10**20}, "limit must be a positive integer up to 1e9"),
         ({"name": "p", "limit": 1, "ttl": 0}, r"ttl must be a number of seconds from 0\.01 to 1e9"),
         (
             {"name": "p", "limit": 1, "ttl": 1e16},
@@ -209,6 +216,17 @@ def test_bad_arguments(redis_client: Any, kwargs: dict[str, Any], message: str) 
 def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any) -> None:
     with pytest.raises(InvalidArgumentTypeError, match=r"^client must be a redis.asyncio.Redis"):
         RedisPermitPool(client, name="p", limit=1)
+
+
+async def test_the_largest_limit_grants_and_releases(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = RedisPermitPool(redis_client, name="p", limit=10**9, ttl=5)
+    with anyio.fail_after(10), caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+        permit = await pool.acquire()
+        await permit.release()  # a script failing midway would be logged, and lapse
+        assert await redis_client.zcard(pool_key("p", "holders")) == 0
+    assert caplog.records == []
 
 
 async def test_an_announcement_before_the_ticket_is_known_still_wakes(redis_client: Any) -> None:

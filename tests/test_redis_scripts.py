@@ -126,6 +126,26 @@ async def test_an_acquire_overtaken_by_its_own_clean_up_grants_nothing(
         assert await redis_client.exists(keys[4]) == 0
 
 
+async def test_a_resent_acquire_after_the_clean_up_of_its_grant_grants_nothing(
+    redis_client: Any,
+) -> None:
+    with anyio.fail_after(5):
+        # The attempt was granted but its reply lost; redis-py resends it on a new
+        # connection while the clean-up (on a third) deletes the grant. The resend may
+        # arrive last: it must not grant a lease nobody holds.
+        acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
+        release = redis_client.register_script(scripts.LOCK_RELEASE)
+        fresh = await run_id(redis_client)
+        keys = acquire_keys("c", "aa")
+        lock, waiting, tombstone = keys[0], keys[2], keys[4]
+        tag, _ = await acquire(keys, ["aa", 5000, 10_000, fresh])
+        assert tag == scripts.GRANTED
+        assert await release([lock, waiting, tombstone], ["aa", "ch", "c", 5000]) == 1
+        tag, _ = await acquire(keys, ["aa", 5000, 10_000, fresh])
+        assert tag == scripts.WAITING
+        assert await redis_client.exists(lock) == 0  # no ghost lease
+
+
 # --- the quiet period after a restart without persistence ---------------------------------
 
 

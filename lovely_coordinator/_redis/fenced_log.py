@@ -37,7 +37,7 @@ from .._errors import InvalidArgumentTypeError, StaleFenceError
 from . import boot, scripts
 from .evalsha import Script
 from .keys import object_base
-from .validation import check_client, check_fence, check_key, require_asyncio
+from .validation import check_client, check_fence, check_key, check_sendable, require_asyncio
 
 __all__ = ["FencedLog", "StaleFenceError"]
 
@@ -72,6 +72,7 @@ class FencedLog:
     def __init__(self, client: redis.asyncio.Redis, key: str) -> None:
         self._client = check_client(client)
         check_key(key, "key")
+        check_sendable(client, "key", key)
         self._base = base = object_base("", "log", key)
         self._entries_key = f"{base}:entries"
         self._high_water_key = f"{base}:high-water"
@@ -88,11 +89,13 @@ class FencedLog:
         Raises:
             StaleFenceError: ``fence`` is lower than the highest fence accepted so far
                 (nothing was written).
-            InvalidArgumentError: ``fence`` is not an int >= 0, or ``entry`` not a str.
+            InvalidArgumentError: ``fence`` is not an int >= 0, or ``entry`` not a str
+                the client can encode.
         """
         fence = check_fence(fence)
         if not isinstance(entry, str):
             raise InvalidArgumentTypeError("entry must be a string")
+        check_sendable(self._client, "entry", entry)
         await self._ready()
         # A receipt per call: if the reply is lost and the client resends the call, the
         # server answers the resend as it answered the first (see scripts.FENCED_APPEND).

@@ -42,7 +42,14 @@ from .evalsha import Script
 from .keys import object_base
 from .log import describe, log
 from .subscriber import Subscriber, text
-from .validation import MAX_SECONDS, check_client, check_prefix, check_seconds, require_asyncio
+from .validation import (
+    MAX_SECONDS,
+    check_client,
+    check_prefix,
+    check_seconds,
+    check_sendable,
+    require_asyncio,
+)
 
 __all__ = ["RedisGates"]
 
@@ -115,7 +122,8 @@ class RedisGates:
         interval = as_seconds(resync_interval, message, positive=True)
         if interval > MAX_SECONDS:
             raise InvalidArgumentError(message)
-        base = object_base(check_prefix(prefix), "gates")
+        check_sendable(client, "prefix", check_prefix(prefix))
+        base = object_base(prefix, "gates")
         self._key = f"{base}:closed"
         self._epoch_key = f"{base}:epoch"
         self._channel = f"{base}:events"
@@ -131,6 +139,9 @@ class RedisGates:
         # Closures that could not reach Redis, pushed at the next resync.
         self._unsynced: dict[ModelTuple, float] = {}
         self._epoch: str | None = None  # of the gate set, as last read
+        # While a resync reads the state: the tuples changed meanwhile (by a message or a
+        # call), whose news may be newer than the state read, so the resync leaves them be.
+        self._touched: set[ModelTuple] | None = None
         self._resync_wanted = False  # messages may have been lost: resync at once
         self._wake: anyio.Event | None = None  # made on the loop (anyio needs one)
         self._stack: contextlib.AsyncExitStack | None = None
@@ -181,6 +192,7 @@ class RedisGates:
             UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
+        check_sendable(self._client, "the model tuple", *model_tuple)
         seconds = check_seconds(reopen_after, "reopen_after")
         require_asyncio()
         self._coordinator.close_tuple(model_tuple, reopen_after=seconds)
@@ -194,9 +206,19 @@ class RedisGates:
             log.warning(
                 "closing %s: Redis unreachable (%s); gating locally", model_tuple, describe(exc)
             )
-            self._unsynced[model_tuple] = max(self._unsynced.get(model_tuple, 0.0), local_until)
+            self._keep_for_later(model_tuple, local_until)
             return
+        except BaseException:
+            # Cancelled (or worse) with the script maybe sent, maybe not: share it at the
+            # next resync all the same (a closure that did arrive is kept, not lengthened).
+            self._keep_for_later(model_tuple, local_until)
+            raise
         self._apply_close(model_tuple, int(remaining_ms) / 1000)
+
+    def _keep_for_later(self, t: ModelTuple, until: float) -> None:
+        """Push the closure of ``t`` until ``until`` at the next resync, which is due now."""
+        self._unsynced[t] = max(self._unsynced.get(t, 0.0), until)
+        self._on_reset()
 
     async def open_tuple(self, t: ModelTupleLike) -> None:
         """Open ``t`` on every replica (the local coordinator before this returns).
@@ -206,8 +228,10 @@ class RedisGates:
             UsageError: called with no asyncio event loop running (under trio).
         """
         model_tuple = as_model_tuple(t)
+        check_sendable(self._client, "the model tuple", *model_tuple)
         require_asyncio()
         self._coordinator.open_tuple(model_tuple)
+        self._touch(model_tuple)
         self._applied.pop(model_tuple, None)
         self._unsynced.pop(model_tuple, None)
         try:
@@ -218,8 +242,13 @@ class RedisGates:
                 "opening %s: Redis unreachable (%s); opened locally", model_tuple, describe(exc)
             )
 
+    def _touch(self, t: ModelTuple) -> None:
+        if self._touched is not None:
+            self._touched.add(t)
+
     def _apply_close(self, t: ModelTuple, seconds: float) -> None:
         seconds = max(seconds, 0.0)
+        self._touch(t)
         self._coordinator.close_tuple(t, reopen_after=seconds)
         # What was asked for (read after the call, so never below the coordinator's own
         # deadline for it), not what the coordinator kept: a longer closure made locally
@@ -235,6 +264,7 @@ class RedisGates:
         elif kind == "o":
             t = _tuple(rest)
             self._coordinator.open_tuple(t)
+            self._touch(t)
             self._applied.pop(t, None)
 
     def _on_reset(self) -> None:
@@ -272,6 +302,16 @@ class RedisGates:
             if until > now:
                 await self._close_script([self._key], [_member(t), _ms(until - now), self._channel])
 
+    async def _read_state(self) -> tuple[str, dict[ModelTuple, float], set[ModelTuple]]:
+        """The state, and the tuples changed locally while it was read (see ``_touched``)."""
+        touched: set[ModelTuple] = set()
+        self._touched = touched
+        try:
+            epoch, closed = await self._state()
+        finally:
+            self._touched = None
+        return epoch, closed, touched
+
     async def _state(self) -> tuple[str, dict[ModelTuple, float]]:
         flat: list[Any] = await self._state_script([self._key, self._epoch_key], [])
         closed: dict[ModelTuple, float] = {}
@@ -284,9 +324,13 @@ class RedisGates:
 
     async def _resync(self) -> None:
         """Push closures that could not be shared, then make the local gates match Redis."""
-        await self._push(self._unsynced)
-        self._unsynced.clear()
-        epoch, closed = await self._state()
+        # A copy: a close that fails meanwhile adds to it, and is kept for the next push.
+        pending = dict(self._unsynced)
+        await self._push(pending)
+        for t, until in pending.items():
+            if self._unsynced.get(t) == until:
+                del self._unsynced[t]
+        epoch, closed, touched = await self._read_state()
         if self._epoch is not None and epoch != self._epoch:
             # The server lost the gate set since the last resync (a restart without
             # persistence): put back what this replica knows, never shorter than it was.
@@ -298,12 +342,17 @@ class RedisGates:
                 len(known),
             )
             await self._push(known)
-            epoch, closed = await self._state()
+            epoch, closed, later = await self._read_state()
+            touched |= later
         self._epoch = epoch
+        # A tuple closed or opened while the state was read was told of news at least as
+        # new as the read's (a close after the read would otherwise be reopened here, an
+        # open closed again, until the next resync).
         for t, seconds in closed.items():
-            self._apply_close(t, seconds)
+            if t not in touched:
+                self._apply_close(t, seconds)
         for t, applied_until in list(self._applied.items()):
-            if t in closed:
+            if t in closed or t in touched:
                 continue
             # Redis has no closure: it was opened elsewhere (the message was lost) or it
             # ran out. Reopen only a closure this object set; a longer local one stays.

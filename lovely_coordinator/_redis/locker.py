@@ -31,7 +31,14 @@ from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
 from .subscriber import Subscriber, Watch
-from .validation import check_client, check_key, check_prefix, check_ttl, require_asyncio
+from .validation import (
+    check_client,
+    check_key,
+    check_prefix,
+    check_sendable,
+    check_ttl,
+    require_asyncio,
+)
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -60,6 +67,7 @@ class RedisLocker:
         self._client = check_client(client)
         self._ttl = check_ttl(ttl)
         self._prefix = check_prefix(prefix)
+        check_sendable(client, "prefix", prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
         self._channel = f"{object_base(prefix, 'conv')}:released"
         self._acquire_script = Script(client, scripts.LOCK_ACQUIRE)
@@ -86,12 +94,14 @@ class RedisLocker:
         quiet period is over (see the module ``lovely_coordinator.redis``).
 
         Raises:
-            InvalidArgumentError: ``conversation_id`` is not a nonempty string.
+            InvalidArgumentError: ``conversation_id`` is not a nonempty string, or one
+                the client cannot encode.
             UnsupportedServerError: the server is older than Redis 7.0.
             UsageError: called with no asyncio event loop running (under trio).
             redis.exceptions.RedisError: the server could not be reached.
         """
         check_key(conversation_id, "conversation_id")
+        check_sendable(self._client, "conversation_id", conversation_id)
         require_asyncio()
         await boot.ensure_supported(self._client)
         owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it

@@ -40,9 +40,18 @@ from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
 from .subscriber import Subscriber, Watch
-from .validation import check_client, check_key, check_prefix, check_ttl, require_asyncio
+from .validation import (
+    check_client,
+    check_key,
+    check_prefix,
+    check_sendable,
+    check_ttl,
+    require_asyncio,
+)
 
 __all__ = ["RedisPermit", "RedisPermitPool"]
+
+MAX_LIMIT: Final = 10**9
 
 _KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants", "quiet")
 
@@ -55,14 +64,15 @@ class RedisPermitPool:
         client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
         name: the pool's name; pools with the same name and prefix are one pool. Every
             process should pass the same ``limit`` and ``ttl``.
-        limit: the cap, an int >= 1.
+        limit: the cap, an int from 1 to 1e9.
         ttl: seconds a permit (or a queue place) survives its process; permits renew
             every ``ttl / 3``.
         prefix: namespace of the keys and channel.
 
     Raises:
         InvalidArgumentError: a bad ``client`` (a ``TypeError`` one), ``name``,
-            ``limit``, ``ttl`` (a number of seconds from 0.01 to 1e9) or ``prefix``.
+            ``limit`` (an int from 1 to 1e9), ``ttl`` (a number of seconds from 0.01 to
+            1e9) or ``prefix``.
         UsageError: constructed under trio (this module is asyncio-only).
     """
 
@@ -77,12 +87,16 @@ class RedisPermitPool:
     ) -> None:
         self._client = check_client(client)
         check_key(name, "name")
-        limit = as_index(limit, "limit must be a positive integer")
+        check_sendable(client, "name", name)
+        # Bounded so that the scripts hand the server exact integers (a Lua number as
+        # large as 1e20 reaches a command as "1e+20", which the server refuses midway).
+        limit = as_index(limit, "limit must be a positive integer up to 1e9", maximum=MAX_LIMIT)
         self._ttl = check_ttl(ttl)
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
-        self._base = base = object_base(check_prefix(prefix), "pool", name)
+        check_sendable(client, "prefix", check_prefix(prefix))
+        self._base = base = object_base(prefix, "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
         self._channel = f"{base}:released"
         self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)

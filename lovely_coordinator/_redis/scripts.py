@@ -158,12 +158,13 @@ return 0
 # ARGV: owner, channel, message, tombstone ttl ms ('0' for a release, the lease ttl for the
 # clean-up of an abandoned attempt) -> 1 deleted | 0 not ours
 LOCK_RELEASE: Final = """
+if ARGV[4] ~= '0' then
+  -- A request of the abandoned attempt may still be on its way (a resend of one that was
+  -- granted, too): refuse it on arrival.
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+end
 local holder = redis.call('GET', KEYS[1])
 if not holder or string.match(holder, '^(%x+) ') ~= ARGV[1] then
-  if ARGV[4] ~= '0' then
-    -- A request of the abandoned attempt may still be on its way: refuse it on arrival.
-    redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
-  end
   return 0
 end
 redis.call('DEL', KEYS[1])

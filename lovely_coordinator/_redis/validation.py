@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Final
+from typing import Any, Final
 
 import redis.asyncio
 
@@ -23,6 +23,7 @@ __all__ = [
     "check_key",
     "check_prefix",
     "check_seconds",
+    "check_sendable",
     "check_ttl",
     "require_asyncio",
 ]
@@ -95,6 +96,27 @@ def check_prefix(prefix: str) -> str:
     if not isinstance(prefix, str):
         raise InvalidArgumentTypeError("prefix must be a string")
     return prefix
+
+
+def check_sendable(client: redis.asyncio.Redis, what: str, *values: str) -> None:
+    """Refuse strings the client cannot encode (a lone surrogate, under the default UTF-8).
+
+    redis-py would raise ``UnicodeEncodeError`` only when it packs the command, after the
+    local state changed (a gate closed) or with a clean-up to log for nothing.
+
+    Raises:
+        InvalidArgumentError: a value the client's encoding (and error handler) refuses.
+    """
+    pool: Any = client.connection_pool  # its methods are not typed
+    encoder = pool.get_encoder()
+    for value in values:
+        try:
+            encoder.encode(value)
+        except UnicodeError:
+            raise InvalidArgumentError(
+                f"{what} must be {'a string' if len(values) == 1 else 'strings'} the client "
+                f"can encode as {encoder.encoding}"
+            ) from None
 
 
 def check_client(client: object) -> redis.asyncio.Redis:
