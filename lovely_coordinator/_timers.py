@@ -83,6 +83,21 @@ class LoopClock:
         """Whether the caller runs on the home loop."""
         return self.home is not None and current_loop() is self.home
 
+    def visit(self) -> None:
+        """Remember the calling loop, if it is not home, as a guest (under the lock).
+
+        Called by a waiter that parks, too: a loop that waits on the coordinator must
+        take the timer over when home ends, even if no wake-up existed when it came.
+        """
+        loop = current_loop()
+        if loop is None or loop is self.home:
+            return
+        guests = self.guests
+        guests.pop(loop, None)
+        guests[loop] = None
+        if len(guests) > 8:
+            del guests[next(iter(guests))]
+
     def follow(self) -> float | None:
         """Adopt the calling loop as home if the home loop is gone (or there is none).
 
@@ -97,10 +112,7 @@ class LoopClock:
         if home is not None:
             same_thread = self._thread == threading.get_ident()
             if not same_thread and not self.gone and loop_alive(home):
-                self.guests.pop(loop, None)
-                self.guests[loop] = None
-                if len(self.guests) > 8:
-                    del self.guests[next(iter(self.guests))]
+                self.visit()
                 return None  # the home loop runs on in its thread: it stays home
         now = current_time_or_none()
         assert now is not None  # a loop is running

@@ -1946,6 +1946,43 @@ async def test_a_wakeup_survives_the_end_of_a_home_loop_in_another_thread(
         assert_idle(coord)
 
 
+@pytest.mark.parametrize("home_backend", ["asyncio", "trio"])
+async def test_a_wakeup_armed_after_a_waiter_parked_survives_the_end_of_its_home_loop(
+    home_backend: str,
+) -> None:
+    """Found by review: only a loop that used the coordinator while a wake-up existed
+    took the timer over; a waiter parked before it (here: before the tuple closed with
+    a reopen time) waited forever once the home loop ended."""
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        holding = threading.Event()
+        may_end = threading.Event()
+
+        async def home() -> None:
+            async with coord.permit(T):  # this loop is home; the waiter queues for the slot
+                holding.set()
+                await anyio.to_thread.run_sync(may_end.wait)
+                coord.close_tuple(T, reopen_after=0.05)  # the first wake-up: a timer here
+
+        thread = _in_thread(lambda: anyio.run(home, backend=home_backend))
+        await anyio.to_thread.run_sync(holding.wait)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            async with coord.permit(T):
+                pass
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            may_end.set()
+            await anyio.to_thread.run_sync(thread.join)  # home ended with the timer pending
+            await done.wait()  # this loop took the timer over
+        assert_idle(coord)
+
+
 async def test_a_wakeup_armed_while_asyncio_run_cancels_its_tasks_survives() -> None:
     """Found by review: a timer armed by a task's cleanup while ``asyncio.run()`` cancels
     every task was never cancelled (it missed the cancel), so its loss went unseen: the
