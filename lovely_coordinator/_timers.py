@@ -15,11 +15,12 @@ loops in several threads at once:
   home clock's offset from it (exact between asyncio loops, whose clocks *are*
   ``time.monotonic()``), and timers are armed on the home loop through its thread-safe
   entry.
-* When the home loop ends with the timer pending (its loop cancels it at shutdown), a
-  loop of another thread that has used the coordinator adopts it at once, so its waiters
-  never wait for a wake-up that died with its loop. The clock remembers the last few such
-  loops (*guests*). (An asyncio loop stopped but never closed or shut down cancels
-  nothing: its timer stays pending until that loop runs again or a new loop adopts.)
+* When the home loop ends with the timer pending (its shutdown reports the timer), a
+  loop of another thread that has used the coordinator or parked a waiter on it adopts
+  it at once, so its waiters never wait for a wake-up that died with its loop. The clock
+  remembers the last few such loops (*guests*). (An asyncio loop stopped but never shut
+  down, its async generators never closed, reports nothing: its timer stays pending
+  until that loop runs again or a new loop adopts.)
 
 :class:`WakeupTimer` is the single timer: armed at ``Scheduler.next_wakeup()`` on the
 home loop, re-armed whenever that instant changes, and firing ``advance``.
