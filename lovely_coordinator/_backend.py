@@ -257,7 +257,9 @@ def call_at(
                 await trio.sleep_until(deadline)
                 call()
         except trio.Cancelled:
-            if lost is not None:
+            # Not when it was cancelled itself: the run's cancel, ending it as well, then
+            # passes its scope (which catches only a cancel of its own alone).
+            if lost is not None and not scope.cancel_called:
                 lost()  # the run ends with the timer pending
             raise
 
