@@ -16,10 +16,11 @@ Times are absolute, on that loop's anyio clock (``anyio.current_time()``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
 __all__ = [
@@ -175,18 +176,52 @@ class _TrioTimer:
 
 
 class _AsyncioTimer:
-    """A timer that can tell its loop's shutdown from its own ``cancel()``: a task."""
+    """A ``loop.call_at`` timer that sees its loop's shutdown: an async generator.
 
-    __slots__ = ("cancelled", "task")
+    Not a task: a task armed while ``asyncio.run()`` cancels the loop's tasks (by a
+    task's cleanup) would miss that cancel, never run and never tell its loss. The loop
+    closes its async generators after cancelling its tasks (``asyncio.run()``, anyio's
+    runners), and the generator's ``finally`` reports a timer still pending then. Nor is
+    it listed by ``asyncio.all_tasks()``, which shutdown code waits for or cancels.
+    """
 
-    def __init__(self) -> None:
-        self.cancelled = False
-        self.task: asyncio.Task[None] | None = None
+    __slots__ = ("_handle", "_lost", "_watch")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        fn: Callable[[], None],
+        lost: Callable[[], None],
+    ) -> None:
+        self._lost: Callable[[], None] | None = lost
+        self._handle = loop.call_at(deadline, self._run, fn)
+        self._watch: Any = None
+        if not getattr(loop, "_asyncgens_shutdown_called", False):
+            self._watch = watch = self._lost_at_shutdown()
+            with contextlib.suppress(StopIteration):
+                watch.asend(None).send(None)  # its first step: the loop now tracks it
+
+    async def _lost_at_shutdown(self) -> AsyncGenerator[None]:
+        try:
+            yield
+        finally:
+            lost, self._lost, self._watch = self._lost, None, None
+            if lost is not None:  # the loop shuts down with the timer pending
+                self._handle.cancel()
+                lost()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        self.cancel()
+        fn()
 
     def cancel(self) -> None:
-        self.cancelled = True
-        if self.task is not None:
-            self.task.cancel()
+        self._lost = None
+        self._handle.cancel()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            with contextlib.suppress(StopIteration):
+                watch.aclose().send(None)  # closed now: the loop has nothing to finalize
 
 
 def call_at(
@@ -194,8 +229,9 @@ def call_at(
 ) -> Timer:
     """Run ``fn()`` once the current loop's anyio clock reaches ``deadline``.
 
-    With ``on_lost``, the timer is a task (asyncio) or system task (trio), so that the
-    loop's shutdown cancelling it is seen: ``on_lost()`` runs then, instead of ``fn()``.
+    With ``on_lost``, the loop's shutdown with the timer pending is seen (an async
+    generator the loop closes on asyncio, a system task on trio): ``on_lost()`` runs
+    then, instead of ``fn()``.
     Returns a handle whose ``cancel()`` may only be called on that loop's thread.
 
     Raises:
@@ -207,19 +243,8 @@ def call_at(
     call = _guarded(fn)
     lost = _guarded(on_lost) if on_lost is not None else None
     if loop is not None:
-        timer = _AsyncioTimer()
-
-        async def waiter() -> None:
-            try:
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
-            except asyncio.CancelledError:
-                if not timer.cancelled and lost is not None:
-                    lost()  # the loop shuts down with the timer pending
-                raise
-            call()
-
-        timer.task = loop.create_task(waiter())
-        return timer
+        assert lost is not None
+        return _AsyncioTimer(loop, deadline, call, lost)
     lowlevel = _trio_lowlevel()
     if lowlevel is None:
         raise NoEventLoop("no running event loop")
@@ -232,7 +257,9 @@ def call_at(
                 await trio.sleep_until(deadline)
                 call()
         except trio.Cancelled:
-            if lost is not None:
+            # Not when it was cancelled itself: the run's cancel, ending it as well, then
+            # passes its scope (which catches only a cancel of its own alone).
+            if lost is not None and not scope.cancel_called:
                 lost()  # the run ends with the timer pending
             raise
 

@@ -115,6 +115,7 @@ class CoordinatorCore:
             ticket = self._scheduler.enqueue(t, order, True, reject)
             if ticket.state == GRANTED:
                 return ticket, checkpoint_or_undo(self, ticket)
+            self._clock.visit()  # a guest: it takes the timer over if home ends
             parker: Parker[bool] = Parker()
             ticket.parker = parker
         return ticket, parker.wait(self, ticket, self._lock)
@@ -148,6 +149,7 @@ class CoordinatorCore:
             self._scheduler.activate(ticket)
             if ticket.state == GRANTED:
                 return checkpoint_or_undo(self, ticket)
+            self._clock.visit()  # a guest: it takes the timer over if home ends
             parker: Parker[bool] = Parker()
             ticket.parker = parker
         return parker.wait(self, ticket, self._lock)
@@ -176,6 +178,7 @@ class CoordinatorCore:
             ticket = scheduler.enqueue_request(t, order, reject, tokens, cover)
             if ticket.state == GRANTED:
                 return ticket, checkpoint_or_undo(self, ticket)
+            self._clock.visit()  # a guest: it takes the timer over if home ends
             parker: Parker[bool] = Parker()
             ticket.parker = parker
         return ticket, parker.wait(self, ticket, self._lock)
@@ -207,6 +210,7 @@ class CoordinatorCore:
         with self._lock:
             if self._scheduler._wakeups:
                 self._follow()
+            self._clock.visit()  # it may park to reacquire (see _enqueue_permit)
             return self._scheduler.lend_end(ticket, parker)
 
     def _settle(self, ticket: RequestTicket, tokens: int, increase: int = 0) -> None:

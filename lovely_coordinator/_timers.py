@@ -15,11 +15,12 @@ loops in several threads at once:
   home clock's offset from it (exact between asyncio loops, whose clocks *are*
   ``time.monotonic()``), and timers are armed on the home loop through its thread-safe
   entry.
-* When the home loop ends with the timer pending (its loop cancels it at shutdown), a
-  loop of another thread that has used the coordinator adopts it at once, so its waiters
-  never wait for a wake-up that died with its loop. The clock remembers the last few such
-  loops (*guests*). (An asyncio loop stopped but never closed or shut down cancels
-  nothing: its timer stays pending until that loop runs again or a new loop adopts.)
+* When the home loop ends with the timer pending (its shutdown reports the timer), a
+  loop of another thread that has used the coordinator or parked a waiter on it adopts
+  it at once, so its waiters never wait for a wake-up that died with its loop. The clock
+  remembers the last few such loops (*guests*). (An asyncio loop stopped but never shut
+  down, its async generators never closed, reports nothing: its timer stays pending
+  until that loop runs again or a new loop adopts.)
 
 :class:`WakeupTimer` is the single timer: armed at ``Scheduler.next_wakeup()`` on the
 home loop, re-armed whenever that instant changes, and firing ``advance``.
@@ -83,6 +84,21 @@ class LoopClock:
         """Whether the caller runs on the home loop."""
         return self.home is not None and current_loop() is self.home
 
+    def visit(self) -> None:
+        """Remember the calling loop, if it is not home, as a guest (under the lock).
+
+        Called by a waiter that parks, too: a loop that waits on the coordinator must
+        take the timer over when home ends, even if no wake-up existed when it came.
+        """
+        loop = current_loop()
+        if loop is None or loop is self.home:
+            return
+        guests = self.guests
+        guests.pop(loop, None)
+        guests[loop] = None
+        if len(guests) > 8:
+            del guests[next(iter(guests))]
+
     def follow(self) -> float | None:
         """Adopt the calling loop as home if the home loop is gone (or there is none).
 
@@ -97,10 +113,7 @@ class LoopClock:
         if home is not None:
             same_thread = self._thread == threading.get_ident()
             if not same_thread and not self.gone and loop_alive(home):
-                self.guests.pop(loop, None)
-                self.guests[loop] = None
-                if len(self.guests) > 8:
-                    del self.guests[next(iter(self.guests))]
+                self.visit()
                 return None  # the home loop runs on in its thread: it stays home
         now = current_time_or_none()
         assert now is not None  # a loop is running

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import anyio
 import pytest
+import trio
 from trio.testing import MockClock
 
 from lovely_coordinator._backend import (
     NoEventLoop,
+    Timer,
     call_at,
     call_soon,
     current_loop,
@@ -115,3 +118,62 @@ async def test_call_at_short_real_delay() -> None:
         timer = call_at(anyio.current_time() + 0.01, done.set)
         await done.wait()
         timer.cancel()  # safe after it ran
+
+
+def _lost_timers_at_the_end_of(backend: str) -> list[str]:
+    """Timers with ``on_lost`` in one run: one fires, one is cancelled, the others are
+    still pending when the run ends (on asyncio, one armed by a task's cleanup while
+    ``asyncio.run()`` cancels the tasks left: that is when shutdown code arms one)."""
+    log: list[str] = []
+
+    def timer(name: str, delay: float) -> Timer:
+        now = anyio.current_time()
+        return call_at(
+            now + delay, lambda: log.append(f"{name} fired"), lambda: log.append(f"{name} lost")
+        )
+
+    async def main() -> None:
+        fired = anyio.Event()
+        call_at(anyio.current_time(), fired.set, lambda: log.append("fired lost"))
+        timer("cancelled", 3600).cancel()
+        await fired.wait()
+        if backend == "trio":
+            timer("pending", 3600)
+            return
+
+        async def cleanup() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                timer("pending", 3600)
+
+        task = asyncio.get_running_loop().create_task(cleanup())
+        timer("early", 3600)
+        await asyncio.sleep(0)
+        assert asyncio.all_tasks() == {task, asyncio.current_task()}  # no timer is a task
+
+    anyio.run(main, backend=backend)
+    return log
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_call_at_reports_a_timer_its_loop_ends_with_and_only_that(backend: str) -> None:
+    # Found by review: on asyncio, a timer armed while asyncio.run() cancelled its tasks
+    # missed that cancel and was never reported (and logged "Task was destroyed").
+    lost = ["early lost", "pending lost"] if backend == "asyncio" else ["pending lost"]
+    assert sorted(_lost_timers_at_the_end_of(backend)) == lost
+
+
+def test_a_trio_timer_cancelled_as_its_run_ends_is_not_reported_lost() -> None:
+    # Found by review: a timer cancelled just before its run ended could report itself
+    # lost (the run's cancel, which its own scope does not catch, arrived first), and
+    # clear the state of the timer armed after it. trio orders the two either way.
+    log: list[str] = []
+
+    async def main() -> None:
+        now = trio.current_time()
+        call_at(now + 3600, lambda: log.append("fired"), lambda: log.append("lost")).cancel()
+
+    for _ in range(40):
+        trio.run(main)
+    assert log == []

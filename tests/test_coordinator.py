@@ -1946,6 +1946,88 @@ async def test_a_wakeup_survives_the_end_of_a_home_loop_in_another_thread(
         assert_idle(coord)
 
 
+@pytest.mark.parametrize("home_backend", ["asyncio", "trio"])
+async def test_a_wakeup_armed_after_a_waiter_parked_survives_the_end_of_its_home_loop(
+    home_backend: str,
+) -> None:
+    """Found by review: only a loop that used the coordinator while a wake-up existed
+    took the timer over; a waiter parked before it (here: before the tuple closed with
+    a reopen time) waited forever once the home loop ended."""
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        holding = threading.Event()
+        may_end = threading.Event()
+
+        async def home() -> None:
+            async with coord.permit(T):  # this loop is home; the waiter queues for the slot
+                holding.set()
+                await anyio.to_thread.run_sync(may_end.wait)
+                coord.close_tuple(T, reopen_after=0.05)  # the first wake-up: a timer here
+
+        thread = _in_thread(lambda: anyio.run(home, backend=home_backend))
+        await anyio.to_thread.run_sync(holding.wait)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            async with coord.permit(T):
+                pass
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            may_end.set()
+            await anyio.to_thread.run_sync(thread.join)  # home ended with the timer pending
+            await done.wait()  # this loop took the timer over
+        assert_idle(coord)
+
+
+async def test_a_wakeup_armed_while_asyncio_run_cancels_its_tasks_survives() -> None:
+    """Found by review: a timer armed by a task's cleanup while ``asyncio.run()`` cancels
+    every task was never cancelled (it missed the cancel), so its loss went unseen: the
+    waiter here waited forever (and asyncio logged "Task was destroyed but it is pending")."""
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        armed = threading.Event()
+        may_end = threading.Event()
+
+        async def home() -> None:
+            coord.set_budget(T, tokens_per_minute=600)
+            async with coord.request(T, tokens=600):  # empty now: refilled 10 a second
+                pass
+            coord.close_tuple(T)  # the waiter waits for the gate: no timer yet
+
+            async def cleanup() -> None:
+                try:
+                    await asyncio.sleep(3600)
+                finally:  # runs while asyncio.run() cancels the tasks left at its end
+                    coord.open_tuple(T)  # the waiter now waits for the budget: a timer
+
+            task = asyncio.get_running_loop().create_task(cleanup())
+            armed.set()
+            await asyncio.to_thread(may_end.wait)
+            assert not task.done()
+
+        thread = _in_thread(lambda: asyncio.run(home()))
+        await anyio.to_thread.run_sync(armed.wait)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            async with coord.request(T, tokens=1):
+                pass
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            assert coord.queued_count == 1
+            may_end.set()
+            await anyio.to_thread.run_sync(thread.join)
+            await done.wait()  # this loop took the wake-up over
+        assert_idle(coord)
+
+
 async def test_a_timer_that_fires_before_its_instant_arms_again() -> None:
     """Found by review: a stale timer (its cancel, sent from another thread, had not
     arrived) firing before the instant left the wake-up with no timer at all."""
