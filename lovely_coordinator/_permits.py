@@ -21,7 +21,7 @@ process (``_shared.py``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
@@ -94,34 +94,38 @@ def find_permit(owner: object) -> AgentPermit | None:
     return None
 
 
-def _enter(permit: AgentPermit) -> None:
-    _current.set((permit, permit._coordinator, _current.get()))
+def _enter(permit: AgentPermit) -> tuple[_Frame, Token[_Frame | None]]:
+    frame = (permit, permit._coordinator, _current.get())
+    return frame, _current.set(frame)
 
 
-def restore(var: ContextVar[Any], handle: object) -> None:
-    """Take ``handle``'s frame out of the current context's chain, as far as it is there.
+def restore(var: ContextVar[Any], frame: tuple[Any, ...], token: Token[Any]) -> None:
+    """Take ``frame`` (set with ``token``) out of the current context's chain, as far as
+    it is there.
 
     Normally it is the current frame, and its enclosing frame becomes current again. An
     exit may run in another context, though (frameworks enter a stream's context manager
     in one task and exit it in another; pydantic-ai does): the same holds there if the
     context was copied from inside the body. An exit may also come out of order (a stream
     closed inside a later request of the same task): then the frames entered after it stay
-    current and only its own frame leaves the chain. A context that never saw ``handle``
-    is left alone. Never raises.
+    current and only its own frame leaves the chain. A context that never saw it is left
+    alone. Never raises.
     """
-    frame = var.get()
-    if frame is None:
+    current = var.get()
+    if current is frame:  # the usual case, and the cheapest way back: the token's reset
+        try:
+            var.reset(token)
+        except ValueError:  # a token of another context
+            var.set(frame[-1])
         return
-    if frame[0] is handle:  # the common case: it is current
-        var.set(frame[-1])
-        return
+    handle = frame[0]
     later = []
-    while frame is not None and frame[0] is not handle:
-        later.append(frame)
-        frame = frame[-1]
-    if frame is None:
+    while current is not None and current[0] is not handle:
+        later.append(current)
+        current = current[-1]
+    if current is None:
         return  # never seen here
-    rest = frame[-1]
+    rest = current[-1]
     for newer in reversed(later):  # rebuilt without it: frames are immutable
         rest = (*newer[:-1], rest)
     var.set(rest)
@@ -131,7 +135,7 @@ def restore(var: ContextVar[Any], handle: object) -> None:
 class PermitContext:
     """What ``AgentCoordinator.permit`` returns (a class, not a generator: it is hot)."""
 
-    __slots__ = ("_coordinator", "_order", "_permit", "_reject", "_t")
+    __slots__ = ("_coordinator", "_frame", "_order", "_permit", "_reject", "_t", "_token")
 
     def __init__(
         self, coordinator: CoordinatorCore, t: ModelTuple, order: int | None, reject: bool
@@ -141,6 +145,8 @@ class PermitContext:
         self._order = order
         self._reject = reject
         self._permit: AgentPermit | None = None
+        self._frame: _Frame | None = None
+        self._token: Token[_Frame | None] | None = None
 
     async def __aenter__(self) -> AgentPermit:
         if self._permit is not None:
@@ -151,7 +157,8 @@ class PermitContext:
         ticket, admitted = coordinator._enqueue_permit(self._t, self._order, self._reject)
         await admitted
         permit = self._permit = AgentPermit(coordinator, ticket)
-        _enter(permit)
+        frame = self._frame = (permit, coordinator, _current.get())  # _enter, inlined
+        self._token = _current.set(frame)
         return permit
 
     async def __aexit__(
@@ -162,8 +169,10 @@ class PermitContext:
     ) -> None:
         permit = self._permit
         assert permit is not None
+        assert self._frame is not None
+        assert self._token is not None
         try:
-            restore(_current, permit)
+            restore(_current, self._frame, self._token)
         finally:
             permit.release()
 
@@ -263,11 +272,11 @@ class AgentPermit:
             raise PermitReleasedError(RELEASED_MESSAGE)
 
     async def _run(self, work: Callable[[], Awaitable[T]]) -> T:
-        _enter(self)
+        frame, token = _enter(self)
         try:
             return await work()
         finally:
-            restore(_current, self)
+            restore(_current, frame, token)
             self.release()
 
 

@@ -10,7 +10,7 @@ counting the call twice. Child tasks never join: that would bypass the cap.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, final
 
@@ -106,11 +106,13 @@ class RequestContext:
     __slots__ = (
         "_coordinator",
         "_entered",
+        "_frame",
         "_joined",
         "_order",
         "_reject",
         "_request",
         "_t",
+        "_token",
         "_tokens",
     )
 
@@ -130,6 +132,8 @@ class RequestContext:
         self._entered = False
         self._joined = False
         self._request: ModelRequest | None = None
+        self._frame: RequestFrame | None = None
+        self._token: Token[RequestFrame | None] | None = None
 
     async def __aenter__(self) -> ModelRequest:
         if self._entered:
@@ -160,7 +164,8 @@ class RequestContext:
         )
         await admitted
         request = self._request = ModelRequest(coordinator, ticket)
-        current_request_var.set((request, coordinator, task, current_request_var.get()))
+        frame = self._frame = (request, coordinator, task, current_request_var.get())
+        self._token = current_request_var.set(frame)
         return request
 
     async def __aexit__(
@@ -173,8 +178,10 @@ class RequestContext:
         assert request is not None
         if self._joined:
             return
+        assert self._frame is not None
+        assert self._token is not None
         try:
-            restore(current_request_var, request)
+            restore(current_request_var, self._frame, self._token)
         finally:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)
