@@ -40,27 +40,29 @@ class _Identity:
 
 @final
 class _Zlib:
-    """gzip (``wbits`` 16+) or deflate, which servers send raw or zlib-wrapped."""
+    """gzip (``wbits`` 16+), or deflate, which servers send zlib-wrapped or raw: told
+    apart by the first two bytes (a zlib header is a multiple of 31 naming deflate)."""
 
-    __slots__ = ("_deflate", "_first", "_inner")
+    __slots__ = ("_head", "_inner")
 
     def __init__(self, deflate: bool) -> None:
-        self._deflate = deflate
-        self._first = deflate  # deflate: try the zlib wrapper first, raw if it fails
-        self._inner = zlib.decompressobj(zlib.MAX_WBITS if deflate else zlib.MAX_WBITS | 16)
+        self._inner: Any = None if deflate else zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._head = b""
 
     def decode(self, chunk: bytes, limit: int) -> bytes:
+        if self._inner is None:
+            chunk = self._head + chunk
+            if len(chunk) < 2:
+                self._head = chunk
+                return b""
+            self._head = b""
+            wrapped = chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
+            self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
         try:
-            out = self._inner.decompress(chunk, limit)
+            # What does not fit under the limit is dropped: the meter stops there anyway.
+            return self._inner.decompress(chunk, limit)  # type: ignore[no-any-return]
         except zlib.error as exc:
-            if not self._first:
-                raise ValueError(str(exc)) from None
-            self._first = False
-            self._inner = zlib.decompressobj(-zlib.MAX_WBITS)
-            return self.decode(chunk, limit)
-        self._first = False
-        # What did not fit under the limit is dropped: the meter stops at the limit anyway.
-        return out
+            raise ValueError(str(exc)) from None
 
 
 @final
