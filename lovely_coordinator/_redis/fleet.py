@@ -26,6 +26,8 @@ import functools
 import math
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal, Self, final
 
@@ -45,7 +47,7 @@ from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_index
 from . import boot, cancellation, fleet_scripts, scripts
 from .fleet_member import UNAVAILABLE_ERRORS, Member
-from .fleet_state import FleetStatistics, tag_of
+from .fleet_state import FleetStatistics, Setting, tag_of
 from .grant import MAX_RECHECK
 from .log import log
 from .renewal import best_effort, local_deadline
@@ -222,8 +224,9 @@ class RedisFleet:
         require_asyncio()
         self._entered()
         try:
-            return await self._member.reload()
-        except UNAVAILABLE_ERRORS:
+            return await self._member.refresh()
+        except UNAVAILABLE_ERRORS as exc:
+            self._member.unavailable(exc)
             return self._member.statistics_offline()
 
     # -- the admission hook (see _admission.py) --------------------------------------------------
@@ -247,11 +250,14 @@ class RedisFleet:
         if line is None:
             line = self._lines[t] = asyncio.Lock()
         async with line:  # the first attempts of one tuple leave in the order they came
-            reply = await self._attempt(unit, reject, None)
-        if reply is not None and (reply == "local" or int(reply[0]) == scripts.GRANTED):
-            return unit.granted(reply)
-        if reply is not None and int(reply[0]) == fleet_scripts.UNGOVERNED:
-            member.known.put(t, type(member.known.get(t))())
+            reply = await self._attempt(unit, reject)
+        if isinstance(reply, _Offline):
+            if reply.wait == 0:
+                return unit.granted()
+        elif int(reply[0]) == scripts.GRANTED:
+            return unit.granted()
+        elif int(reply[0]) == fleet_scripts.UNGOVERNED:
+            member.known.put(t, Setting())
             return None
         permit = self.coordinator.current_permit()
         wait = functools.partial(self._wait, unit, reject, reply)
@@ -270,9 +276,9 @@ class RedisFleet:
             raise
         return got[0]
 
-    async def _attempt(self, unit: _Unit, reject: bool, watch: Watch | None) -> Any:
-        """One admission attempt; ``"local"`` when admitted locally, None when Redis is
-        unreachable in "wait" mode."""
+    async def _attempt(self, unit: _Unit, reject: bool) -> Sequence[Any] | _Offline:
+        """One admission attempt: the script's reply, or what to do while Redis is
+        unreachable."""
         member = self._member
         if not member.available:
             return self._locally(unit, reject)
@@ -292,43 +298,45 @@ class RedisFleet:
             member.unavailable(exc)
             return self._locally(unit, reject)
 
-    def _locally(self, unit: _Unit, reject: bool) -> Any:
+    def _locally(self, unit: _Unit, reject: bool) -> _Offline:
         member = self._member
         if member.on_unavailable == "wait":
-            return None
+            return _Offline(None)
         setting = member.known.get(unit.t)
         if setting.closed_until_ms is not None:
             left = setting.closed_until_ms / 1000 - (time.time() + member.server_offset)
             if left > 0:
                 if reject:
                     raise TupleSuspendedError(SUSPENDED_MESSAGE)
-                return ("local-wait", left)
+                return _Offline(left)
         wait = member.share.try_admit(unit.t, setting, unit.tokens, anyio.current_time())
         if wait == 0:
             unit.local = True
-            return "local"
-        return ("local-wait", wait)
+        return _Offline(wait)
 
-    async def _wait(self, unit: _Unit, reject: bool, reply: Any) -> _Unit | None:
+    async def _wait(
+        self, unit: _Unit, reject: bool, reply: Sequence[Any] | _Offline
+    ) -> _Unit | None:
         member = self._member
         watch = Watch(ticket=-math.inf)
         member.watches.setdefault(unit.tag, set()).add(watch)
         recheck = min(member.ttl / 3, MAX_RECHECK)
         try:
             while True:
-                if reply is None:  # Redis unreachable, "wait" mode
-                    with anyio.move_on_after(recheck):
-                        await member.back.wait()
-                elif reply == "local":
-                    return unit.granted(reply)
-                elif isinstance(reply, tuple):  # ("local-wait", seconds)
-                    with anyio.move_on_after(min(reply[1], recheck)):
-                        await watch.event.wait()
+                if isinstance(reply, _Offline):
+                    if reply.wait is None:  # "wait" mode: until Redis is back
+                        with anyio.move_on_after(recheck):
+                            await member.back.wait()
+                    elif reply.wait == 0:
+                        return unit.granted()
+                    else:
+                        with anyio.move_on_after(min(reply.wait, recheck)):
+                            await watch.event.wait()
                 else:
                     tag = int(reply[0])
                     if tag == scripts.GRANTED:
                         if anyio.current_time() < local_deadline(unit.sent, member.ttl):
-                            return unit.granted(reply)
+                            return unit.granted()
                         log.warning(
                             "fleet %r: a grant arrived after its ttl; given back", self.name
                         )
@@ -338,10 +346,12 @@ class RedisFleet:
                         unit.reset()
                         wait = 0.0
                     elif tag == fleet_scripts.UNGOVERNED:
-                        member.known.put(unit.t, type(member.known.get(unit.t))())
+                        member.known.put(unit.t, Setting())
                         return None
                     elif tag == fleet_scripts.LOST:
-                        await member.restore()
+                        await member.restore(member.epoch)
+                        if not member.known.governs(unit.t):
+                            return None
                         wait = 0.0
                     elif tag == scripts.QUIET:
                         if await boot.on_quiet(
@@ -360,7 +370,7 @@ class RedisFleet:
                         with anyio.move_on_after(wait + 0.001):
                             await watch.event.wait()
                 watch.reset()
-                reply = await self._attempt(unit, reject, watch)
+                reply = await self._attempt(unit, reject)
         except BaseException:
             if not unit.local:
                 await best_effort(
@@ -379,6 +389,15 @@ class RedisFleet:
     def _wake_local(self, tag: str) -> None:
         for watch in self._member.watches.get(tag, ()):
             watch.event.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Offline:
+    """What an attempt comes to while Redis is unreachable: admitted locally (``wait`` 0),
+    wait that many seconds (or until a local unit is released), or (None, "wait" mode)
+    wait for Redis."""
+
+    wait: float | None
 
 
 @final
@@ -403,7 +422,7 @@ class _Unit:
     def reset(self) -> None:
         self.id = uuid.uuid4().hex
 
-    def granted(self, reply: Any) -> _Unit:
+    def granted(self) -> _Unit:
         member = self.fleet._member
         if not self.local:
             member.units[self.id] = (self.t, member.keys(self.tag)["holders"])

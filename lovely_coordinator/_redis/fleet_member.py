@@ -15,6 +15,7 @@ same channel (``"<tag> <ticket>"``: waiters of that tuple up to that ticket re-t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -106,6 +107,7 @@ class Member:
         self.subscriber = Subscriber(client, self.channel, self._on_message, self._on_reset)
         self._deadline = math.inf
         self._wanted: anyio.Event  # a setting changed: re-read
+        self._restoring = asyncio.Lock()
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -137,8 +139,8 @@ class Member:
 
     # -- settings --------------------------------------------------------------------------------
 
-    async def change(self, op: str, t: ModelTuple, *values: object) -> None:
-        """One settings change (see ``SET``), then the tuple's setting is read back."""
+    async def change(self, op: str, t: ModelTuple, *values: object, reload: bool = True) -> None:
+        """One settings change (see ``SET``), then the settings are read back."""
         tag = tag_of(t)
         keys = self.keys(tag)
         args = [
@@ -152,12 +154,13 @@ class Member:
         )  # fmt: skip
         if self.epoch is None:
             self.epoch = text(epoch)
-        await self.reload()
+        if reload:
+            await self.reload()
 
     async def reload(self) -> FleetStatistics:
         """Read every governed tuple's settings and state in one step; ``known`` follows."""
         tags = sorted({text(tag) for tag in await self.client.hkeys(self.governed_key)})
-        keys = [self.members_key]
+        keys = [self.epoch_key, self.members_key]
         for tag in tags:
             parts = self.keys(tag)
             keys += [
@@ -170,10 +173,16 @@ class Member:
         reply = await self._stats(keys, [])
         now_ms = float(text(reply[0]))
         self.server_offset = now_ms / 1000 - time.time()
-        members = int(reply[1])
+        epoch = text(reply[1]) or None
+        if self.epoch is None:
+            self.epoch = epoch
+        elif epoch != self.epoch:  # lost: put back what is known before forgetting it
+            await self.restore(self.epoch)
+            return await self.reload()
+        members = int(reply[2])
         rows = []
         known = Known()
-        for tag, row in zip(tags, reply[2:], strict=True):
+        for tag, row in zip(tags, reply[3:], strict=True):
             rpm, tpm, limit, closed, rq, tk = (_number(v) for v in row[:6])
             t = tuple_of(tag)
             known.put(t, Setting(rpm, tpm, None if limit is None else int(limit), closed))
@@ -195,24 +204,25 @@ class Member:
         self.share.members = max(1, members)
         return FleetStatistics(self.name, members, tuple(rows))
 
-    async def restore(self) -> None:
+    async def restore(self, lost: str | None) -> None:
         """Put back the settings this member knows, in a server that lost the fleet's state
         (buckets start empty; a closure keeps its reopen instant)."""
-        log.warning(
-            "fleet %r: the Redis server lost the fleet's state; putting back the settings "
-            "this member knows (budgets start empty)",
-            self.name,
-        )
-        self.epoch = None
-        now_ms = (time.time() + self.server_offset) * 1000
-        for t, setting in list(self.known.settings.items()):
-            await self.change(
-                "restore", t, setting.requests_per_minute, setting.tokens_per_minute, setting.limit
+        async with self._restoring:  # one at a time: the second finds the first's result
+            if self.epoch != lost:
+                return  # restored meanwhile
+            log.warning(
+                "fleet %r: the Redis server lost the fleet's state; putting back the settings "
+                "this member knows (budgets start empty)",
+                self.name,
             )
-            if setting.closed_until_ms is not None and setting.closed_until_ms > now_ms:
-                await self.change("close", t, math.ceil(setting.closed_until_ms - now_ms))
-        if not self.known.settings:
-            await self.reload()
+            self.epoch = None
+            now_ms = (time.time() + self.server_offset) * 1000
+            for t, setting in list(self.known.settings.items()):
+                rpm, tpm = setting.requests_per_minute, setting.tokens_per_minute
+                await self.change("restore", t, rpm, tpm, setting.limit, reload=False)
+                if setting.closed_until_ms is not None and setting.closed_until_ms > now_ms:
+                    ms = math.ceil(setting.closed_until_ms - now_ms)
+                    await self.change("close", t, ms, reload=False)
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -245,7 +255,14 @@ class Member:
         if self.epoch is None:
             self.epoch = epoch
         elif epoch != self.epoch:
-            await self.restore()
+            await self.restore(self.epoch)
+
+    async def refresh(self) -> FleetStatistics:
+        """A heartbeat (rejoining after an outage), then :meth:`reload`."""
+        await self._heartbeat()
+        if not self.available:
+            await self._returned()
+        return await self.reload()
 
     async def run(self) -> None:
         """The heartbeat loop, until cancelled (renewals, reloads, outages, returns)."""

@@ -356,16 +356,17 @@ return epoch
 """
 )
 
-# Every tuple's view. KEYS: 1 members, then 5 per tuple (cfg, bucket, holders, queue,
-# waiters) -> {server ms, live members, then per tuple {rpm, tpm, limit, closed, rq, tk,
-# in flight, queued}} (numbers as strings, '' where absent)
+# Every tuple's view. KEYS: 1 epoch, 2 members, then 5 per tuple (cfg, bucket, holders,
+# queue, waiters) -> {server ms, epoch or '', live members, then per tuple {rpm, tpm, limit,
+# closed, rq, tk, in flight, queued}} (numbers as strings, '' where absent)
 STATS: Final = (
     _FLEET_PRELUDE
     + """
 local now = now_us()
 local now_ms = math.floor(now / 1000)
-local reply = {tostring(now_ms), redis.call('ZCOUNT', KEYS[1], '(' .. now_ms, '+inf')}
-for i = 2, #KEYS, 5 do
+local reply = {tostring(now_ms), redis.call('GET', KEYS[1]) or '',
+  redis.call('ZCOUNT', KEYS[2], '(' .. now_ms, '+inf')}
+for i = 3, #KEYS, 5 do
   local rpm, tpm, limit, closed = config(KEYS[i])
   local rq, tk = refill(KEYS[i + 1], rpm, tpm, now)
   local function s(x) if x then return g(x) end return '' end
