@@ -19,6 +19,9 @@ How the two admissions compose, and why it keeps §9's promises:
   so once the fleet admits it, it enters the local lines ahead of work accepted after it,
   and requests of one tuple reach the fleet in the order they were made (the hook keeps a
   process-local line per tuple for its first attempt).
+* **Learning.** While a hook is attached, ``learn_budget`` (the extensions' header
+  learning) teaches the hook's budget, which the provider's figures describe: one budget
+  shared by every process, not this process's share of it.
 * **Then local.** The local scheduler admits the request as any other (global cap, tuple
   cap, local budget, local gate, §9). Its outer admission is held meanwhile; once inside, the
   call's ``settle()`` is passed on to the hook, and leaving the request releases both.
@@ -61,6 +64,17 @@ class Admission(Protocol):
 
     def governs(self, t: ModelTuple) -> bool:
         """Whether requests for ``t`` need this hook's admission (sync, cheap)."""
+
+    def learn(
+        self,
+        t: ModelTuple,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        requests_remaining: float | None,
+        tokens_remaining: float | None,
+    ) -> None:
+        """What ``learn_budget`` was told (validated), for the hook's own budget; sync,
+        from any thread, never raises. The coordinator's own budget is then left alone."""
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Admitted | None:
         """Wait (cancellably) until admitted; ``None`` if ``t`` turned out not governed.

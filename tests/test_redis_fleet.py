@@ -236,3 +236,32 @@ def test_trio_is_refused(redis_client: Any) -> None:
     import trio
 
     trio.run(main)
+
+
+async def test_learn_budget_teaches_the_fleet(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    async def settled(fleet: RedisFleet, **expected: float | None) -> Any:
+        while True:
+            rows = (await fleet.statistics()).tuples
+            if rows and all(getattr(rows[0], k) == v for k, v in expected.items()):
+                return rows[0]
+            await anyio.sleep(0.01)  # (sent in the background)
+
+    with anyio.fail_after(10):
+        async with members(redis_server, redis_connect, 2) as [(ca, a), (cb, b)]:
+            ca.learn_budget(GPT, requests_per_minute=600, tokens_per_minute=1000)
+            cb.learn_budget(GPT, tokens_remaining=100)
+            row = await settled(a, requests_per_minute=600, tokens_per_minute=1000)
+            assert row.tokens_available is not None
+            assert row.tokens_available < 150  # lowered to what the provider said remains
+            assert ca.tuple_statistics(GPT) is None  # the local budget is left alone
+            # An explicit budget is kept; a remaining amount still lowers it.
+            await a.set_budget(GPT, tokens_per_minute=5000)
+            await anyio.to_thread.run_sync(lambda: cb.learn_budget(GPT, tokens_per_minute=10))
+            row = await settled(b, tokens_per_minute=5000, requests_per_minute=None)
+            cb.learn_budget(GPT, tokens_per_minute=20, tokens_remaining=7)
+            ca.learn_budget(GPT, tokens_remaining=9)
+            row = await settled(b, tokens_per_minute=5000)
+            while row.tokens_available is None or row.tokens_available > 100:
+                row = await settled(b, tokens_per_minute=5000)

@@ -118,6 +118,8 @@ class RedisFleet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lines: dict[ModelTuple, asyncio.Lock] = {}
+        self._learning: dict[ModelTuple, _Learned] = {}
+        self._learner: asyncio.Task[None] | None = None
 
     @property
     def ttl(self) -> float:
@@ -160,6 +162,8 @@ class RedisFleet:
     ) -> None:
         assert self._stack is not None
         await self._stack.aclose()
+        if self._learner is not None:
+            self._learner.cancel()
 
     async def _leave(self) -> None:
         await best_effort(self._member.leave, self.ttl, f"leaving fleet {self.name!r}")
@@ -233,6 +237,47 @@ class RedisFleet:
 
     def governs(self, t: ModelTuple) -> bool:
         return self._member.known.governs(t)
+
+    def learn(
+        self,
+        t: ModelTuple,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        requests_remaining: float | None,
+        tokens_remaining: float | None,
+    ) -> None:
+        """Teach the fleet's budget what a provider reported (sent in the background; what
+        arrives meanwhile is merged: the latest rates, the least remaining)."""
+        learned = (requests_per_minute, tokens_per_minute, requests_remaining, tokens_remaining)
+        loop = self._loop
+        assert loop is not None
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._learn_soon(t, learned)
+        else:
+            loop.call_soon_threadsafe(self._learn_soon, t, learned)
+
+    def _learn_soon(self, t: ModelTuple, learned: _Learned) -> None:
+        pending = self._learning.get(t)
+        if pending is not None:
+            learned = _merge(pending, learned)
+        self._learning[t] = learned
+        if pending is None and self._learner is None:
+            self._learner = asyncio.get_running_loop().create_task(self._send_learned())
+
+    async def _send_learned(self) -> None:
+        try:
+            while self._learning:
+                t, learned = self._learning.popitem()
+                try:
+                    await self._member.change("learn", t, *learned)
+                except UNAVAILABLE_ERRORS as exc:
+                    self._member.unavailable(exc)
+        finally:
+            self._learner = None
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> _Unit | None:
         try:
@@ -389,6 +434,23 @@ class RedisFleet:
     def _wake_local(self, tag: str) -> None:
         for watch in self._member.watches.get(tag, ()):
             watch.event.set()
+
+
+_Learned = tuple[float | None, float | None, float | None, float | None]
+
+
+def _merge(old: _Learned, new: _Learned) -> _Learned:
+    """Two learnings as one: the later rates, the lesser remaining amounts."""
+
+    def least(a: float | None, b: float | None) -> float | None:
+        return b if a is None else a if b is None else min(a, b)
+
+    return (
+        new[0] if new[0] is not None else old[0],
+        new[1] if new[1] is not None else old[1],
+        least(old[2], new[2]),
+        least(old[3], new[3]),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,11 +146,10 @@ class Member:
         args = [
             "" if v is None else repr(float(v)) if isinstance(v, float) else str(v) for v in values
         ]
-        args += [""] * (3 - len(args))
         epoch = await self._set(
             [self.epoch_key, self.governed_key, keys["cfg"], keys["bucket"], keys["holders"],
              keys["queue"]],
-            [op, tag, self.channel, *args, uuid.uuid4().hex],
+            [op, tag, self.channel, uuid.uuid4().hex, *args],
         )  # fmt: skip
         if self.epoch is None:
             self.epoch = text(epoch)

@@ -289,67 +289,81 @@ return 1
 """
 
 # Change a tuple's settings. KEYS: 1 epoch, 2 governed, 3 cfg, 4 bucket, 5 holders, 6 queue
-# ARGV: 1 op, 2 tag, 3 channel, 4 a, 5 b, 6 c, 7 new epoch id
-#   budget a=rpm b=tpm ('' removes)   limit a=limit ('' removes)   close a=ms   open
-#   restore a=rpm b=tpm c=limit (only where the tuple has no settings; buckets empty),
-#   closures are restored by a separate 'close'
-#   charge a=requests b=tokens (admitted while Redis was unreachable: drawn now)
+# ARGV: 1 op, 2 tag, 3 channel, 4 a new epoch id (used if there is none), 5.. the values:
+#   budget rpm tpm ('' removes)      limit n ('' removes)      close ms      open
+#   restore rpm tpm limit (only where the tuple has no settings; the buckets start empty;
+#     closures are restored by a separate 'close')
+#   charge requests tokens (admitted while Redis was unreachable: drawn now)
+#   learn rpm tpm requests-remaining tokens-remaining (from a provider's headers: a rate
+#     sets its dimension unless it was set explicitly; a remaining amount lowers what is
+#     available to it, never raises it)
 # -> the epoch id
 SET: Final = (
     _FLEET_PRELUDE
     + """
 local op, tag = ARGV[1], ARGV[2]
+local a, b, c, d = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
-  epoch = ARGV[7]
+  epoch = ARGV[4]
   redis.call('SET', KEYS[1], epoch)
 end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local rpm, tpm, limit, closed = config(KEYS[3])
-if op == 'charge' then
-  if rpm or tpm then
-    local rq, tk = refill(KEYS[4], rpm, tpm, now)
-    if rq then rq = rq - tonumber(ARGV[4]) end
-    if tk then tk = tk - tonumber(ARGV[5]) end
-    store(KEYS[4], rq, tk, now)
-  end
-  return epoch
-end
-if op == 'budget' then
-  local new_rpm, new_tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
-  local rq, tk = refill(KEYS[4], rpm, tpm, now)
+local flags = redis.call('HMGET', KEYS[3], 'rpm_learned', 'tpm_learned')
+local rpm_learned, tpm_learned = flags[1], flags[2]
+local rq, tk = refill(KEYS[4], rpm, tpm, now)
+local function budget(new_rpm, new_tpm)
   -- Keep what was spent: never above the new capacity; a new dimension starts full.
   if new_rpm then rq = math.min(new_rpm, rq or new_rpm) else rq = nil end
   if new_tpm then tk = math.min(new_tpm, tk or new_tpm) else tk = nil end
   rpm, tpm = new_rpm, new_tpm
-  if rpm or tpm then store(KEYS[4], rq, tk, now) else redis.call('DEL', KEYS[4]) end
+end
+if op == 'charge' then
+  if rq then rq = rq - a end
+  if tk then tk = tk - b end
+  if rq or tk then store(KEYS[4], rq, tk, now) end
+  return epoch
+elseif op == 'budget' then
+  budget(a, b)
+  rpm_learned, tpm_learned = nil, nil
+elseif op == 'learn' then
+  local new_rpm, new_tpm = rpm, tpm
+  if a and (not rpm or rpm_learned) then new_rpm, rpm_learned = a, '1' end
+  if b and (not tpm or tpm_learned) then new_tpm, tpm_learned = b, '1' end
+  budget(new_rpm, new_tpm)
+  if c and rq then rq = math.min(rq, c) end
+  if d and tk then tk = math.min(tk, d) end
 elseif op == 'limit' then
-  limit = tonumber(ARGV[4])
+  limit = a
 elseif op == 'close' then
-  closed = math.max(closed or 0, now_ms + tonumber(ARGV[4]))
+  closed = math.max(closed or 0, now_ms + a)
 elseif op == 'open' then
   closed = nil
 elseif op == 'restore' then
   if rpm or tpm or limit then return epoch end
-  rpm, tpm, limit = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  if rpm or tpm then
-    store(KEYS[4], rpm and 0 or nil, tpm and 0 or nil, now)
-  end
+  rpm, tpm, limit = a, b, c
+  rq, tk = rpm and 0 or nil, tpm and 0 or nil
 end
 if closed and closed <= now_ms then closed = nil end
+if rpm or tpm then store(KEYS[4], rq, tk, now) else redis.call('DEL', KEYS[4]) end
 redis.call('DEL', KEYS[3])
 local fields = {}
-if rpm then table.insert(fields, 'rpm'); table.insert(fields, g(rpm)) end
-if tpm then table.insert(fields, 'tpm'); table.insert(fields, g(tpm)) end
-if limit then table.insert(fields, 'limit'); table.insert(fields, g(limit)) end
-if closed then table.insert(fields, 'closed'); table.insert(fields, g(closed)) end
+local function put(name, value)
+  if value then table.insert(fields, name); table.insert(fields, value) end
+end
+put('rpm', rpm and g(rpm))
+put('tpm', tpm and g(tpm))
+put('limit', limit and g(limit))
+put('closed', closed and g(closed))
+put('rpm_learned', rpm and rpm_learned)
+put('tpm_learned', tpm and tpm_learned)
 if #fields > 0 then
   redis.call('HSET', KEYS[3], unpack(fields))
   redis.call('HSET', KEYS[2], tag, '1')
 else
   redis.call('HDEL', KEYS[2], tag)
-  redis.call('DEL', KEYS[4])
 end
 redis.call('PUBLISH', ARGV[3], tag .. ' *')
 return epoch
