@@ -323,13 +323,19 @@ async def test_a_server_older_than_redis_7_is_refused_at_first_use(
     with anyio.fail_after(10):
         async with proxy_to(redis_server.port) as proxy:
             # The real server, made to report an unsupported version.
+            # Valkey is judged by valkey_version, Redis by redis_version (the suite runs on
+            # either: whichever server_name the real server reports).
             info = await redis_connect(redis_server.url).info("server")
-            found = f"valkey_version:{info['valkey_version']}".encode()
-            proxy.replace_in_replies(found, b"valkey_version:6.2." + found[-1:])
+            name = "Valkey" if info.get("server_name") == "valkey" else "Redis"
+            field = f"{name.lower()}_version"
+            version = str(info[field])  # "7.0.15", "8.1.4": rewritten at equal length
+            proxy.replace_in_replies(
+                f"{field}:{version}".encode(), f"{field}:6.2{version[3:]}".encode()
+            )
             client = redis_connect(proxy.url)
             locker = RedisLocker(client, ttl=5)
             message = (
-                r"^Valkey 6\.2\.\d is not supported: .* needs Redis >= 7\.0 or Valkey >= 7\.2$"
+                rf"^{name} 6\.2\.\d+ is not supported: .* needs Redis >= 7\.0 or Valkey >= 7\.2$"
             )
             with pytest.raises(UnsupportedServerError, match=message):
                 await locker.acquire("old-server")

@@ -284,6 +284,25 @@ async def test_giving_a_late_grant_back_keeps_the_place_in_line(
         assert (await pool.acquire("a"))[:3:2] == [scripts.GRANTED, 1]
 
 
+async def test_an_acquire_that_fails_midway_leaves_no_place_without_a_heartbeat(
+    pool_and_channel: tuple[Pool, Announcements], redis_client: Any
+) -> None:
+    pool, _ = pool_and_channel
+    with anyio.fail_after(5):
+        pool.limit = 1
+        await redis_client.set(KEYS[4], "not a number")  # a corrupted fence counter
+        with pytest.raises(redis.exceptions.ResponseError):
+            await pool.acquire("a")  # fails as it mints, after taking its place in line
+        await redis_client.delete(KEYS[4])
+        # Whatever the failed call left in line has a heartbeat, so it is purged once that
+        # expires (here: at once), instead of blocking everyone behind it forever.
+        queued = set(await redis_client.zrange(KEYS[1], 0, -1))
+        beating = set(await redis_client.zrange(KEYS[2], 0, -1))
+        assert queued <= beating
+        await pool.die("a")
+        assert (await pool.acquire("b"))[0] == scripts.GRANTED
+
+
 async def test_a_pool_without_state_on_a_restarted_server_gives_no_place(
     redis_connect: Any,
 ) -> None:

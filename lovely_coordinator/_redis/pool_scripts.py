@@ -83,6 +83,9 @@ end
 local ticket = redis.call('ZSCORE', KEYS[2], id)
 if not ticket then
   ticket = redis.call('INCR', KEYS[4])
+  -- The heartbeat first: a script that fails further on (a corrupted key) keeps its
+  -- writes, and a place in line without a heartbeat would never be purged.
+  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
   redis.call('ZADD', KEYS[2], ticket, id)
 end
 ticket = tonumber(ticket)
