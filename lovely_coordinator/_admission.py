@@ -76,6 +76,10 @@ class Admission(Protocol):
         """What ``learn_budget`` was told (validated), for the hook's own budget; sync,
         from any thread, never raises. The coordinator's own budget is then left alone."""
 
+    def document(self) -> dict[str, object]:
+        """The hook's latest view as plain JSON data, for the statistics endpoint (sync,
+        from any thread, never raises; the hook refreshes it in the background)."""
+
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Admitted | None:
         """Wait (cancellably) until admitted; ``None`` if ``t`` turned out not governed.
 

@@ -265,3 +265,48 @@ async def test_learn_budget_teaches_the_fleet(
             row = await settled(b, tokens_per_minute=5000)
             while row.tokens_available is None or row.tokens_available > 100:
                 row = await settled(b, tokens_per_minute=5000)
+
+
+async def test_the_endpoint_and_top_show_the_fleet(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    import json
+
+    import httpx
+    from rich.console import Console
+
+    from lovely_coordinator._top import render
+
+    with anyio.fail_after(10):
+        async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:
+            await fleet.set_tuple_limit(GPT, 3)
+            await fleet.set_budget(GPT, requests_per_minute=600)
+            await fleet.close_tuple(CLAUDE, 60)
+            async with (
+                coordinator.serve_statistics() as (host, port),
+                httpx.AsyncClient(base_url=f"http://{host}:{port}") as http,
+                coordinator.request(GPT),
+            ):
+                while True:
+                    document = json.loads((await http.get("/statistics")).content)
+                    rows = {tuple(r["tuple"]): r for r in document["fleet"]["tuples"]}
+                    if GPT in rows and rows[GPT]["in_flight"] == 1:
+                        break
+                    await anyio.sleep(0.05)  # (refreshed in the background, at most 1/s)
+            assert document["fleet"]["name"] == "f"
+            assert document["fleet"]["members"] == 1
+            assert rows[GPT]["limit"] == 3
+            assert rows[CLAUDE]["open"] is False
+            assert 0 < rows[CLAUDE]["reopens_in"] <= 60
+            console = Console(width=120, record=True, force_terminal=False)
+            console.print(render(document, "http://x"))
+            screen = console.export_text()
+            assert "fleet f · 1 members" in screen
+            assert "openai/gpt-4o" in screen
+            assert "closed · reopens in" in screen
+            document["fleet"]["available"] = False
+            document["fleet"]["tuples"] = []
+            console.print(render(document, "http://x"))
+            screen = console.export_text()
+            assert "Redis unreachable" in screen
+            assert "governs no tuple" in screen

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import math
 import time
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Literal, Self, final
 
@@ -39,19 +36,14 @@ from .._coordinator import AgentCoordinator
 from .._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    TupleSuspendedError,
     UsageError,
 )
-from .._settings import SUSPENDED_MESSAGE
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_index
-from . import boot, cancellation, fleet_scripts, scripts
+from .fleet_admit import AdmissionListener, FleetAdmission
 from .fleet_member import UNAVAILABLE_ERRORS, Member
-from .fleet_state import FleetStatistics, Setting, tag_of
-from .grant import MAX_RECHECK
-from .log import log
-from .renewal import best_effort, local_deadline
-from .subscriber import Watch, text
+from .fleet_state import FleetStatistics, fleet_document
+from .renewal import best_effort
 from .validation import (
     check_client,
     check_key,
@@ -69,7 +61,7 @@ _MODES: Final = ("local", "wait")
 
 
 @final
-class RedisFleet:
+class RedisFleet(FleetAdmission):
     """Budgets, tuple limits and gates shared across processes (an async context manager).
 
     While entered, ``coordinator.request()`` for a tuple the fleet governs (one with a
@@ -118,8 +110,10 @@ class RedisFleet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lines: dict[ModelTuple, asyncio.Lock] = {}
+        self._listeners: list[AdmissionListener] = []
         self._learning: dict[ModelTuple, _Learned] = {}
         self._learner: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
 
     @property
     def ttl(self) -> float:
@@ -268,6 +262,50 @@ class RedisFleet:
         if pending is None and self._learner is None:
             self._learner = asyncio.get_running_loop().create_task(self._send_learned())
 
+    # -- observing (the endpoint, top, OpenTelemetry) ------------------------------------------
+
+    def latest_statistics(self) -> FleetStatistics:
+        """The latest view read (sync, from any thread, never waits): at most about a
+        second old when asked for every second; a fresh one is read in the background
+        whenever the latest is older than that. (``statistics()`` reads it now.)"""
+        member = self._member
+        loop = self._loop
+        if loop is not None and self._stack is not None:
+            stale = member.last_at < loop.time() - 1.0
+            if stale and self._refresher is None:
+                loop.call_soon_threadsafe(self._refresh_soon)
+        return member.last if member.available else member.statistics_offline()
+
+    def add_listener(self, listener: AdmissionListener) -> Callable[[], None]:
+        """Call ``listener(tuple, waited, outcome)`` after each fleet admission (``outcome``
+        is ``granted``, ``local``, ``rejected`` or ``cancelled``; ``waited`` in seconds),
+        on the fleet's loop; what it raises is logged. Returns an idempotent remove."""
+        if not callable(listener):
+            raise InvalidArgumentTypeError("listener must be callable")
+        entry = [listener]
+        self._listeners.append(entry[0])
+
+        def remove() -> None:
+            if entry:
+                self._listeners.remove(entry.pop())
+
+        return remove
+
+    def document(self) -> dict[str, object]:
+        """:meth:`latest_statistics` as the statistics endpoint's ``fleet`` field."""
+        view = self.latest_statistics()
+        return fleet_document(view, time.time() + self._member.server_offset)
+
+    def _refresh_soon(self) -> None:
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            await self.statistics()
+        finally:
+            self._refresher = None
+
     async def _send_learned(self) -> None:
         try:
             while self._learning:
@@ -278,162 +316,6 @@ class RedisFleet:
                     self._member.unavailable(exc)
         finally:
             self._learner = None
-
-    async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> _Unit | None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not self._loop:
-            raise UsageError(
-                "a RedisFleet admits requests only on the asyncio event loop it was entered on"
-            )
-        member = self._member
-        tag = tag_of(t)
-        unit = _Unit(self, t, tag, uuid.uuid4().hex, tokens)
-        line = self._lines.get(t)
-        if line is None:
-            line = self._lines[t] = asyncio.Lock()
-        async with line:  # the first attempts of one tuple leave in the order they came
-            reply = await self._attempt(unit, reject)
-        if isinstance(reply, _Offline):
-            if reply.wait == 0:
-                return unit.granted()
-        elif int(reply[0]) == scripts.GRANTED:
-            return unit.granted()
-        elif int(reply[0]) == fleet_scripts.UNGOVERNED:
-            member.known.put(t, Setting())
-            return None
-        permit = self.coordinator.current_permit()
-        wait = functools.partial(self._wait, unit, reject, reply)
-        if permit is None or permit.state != "held":
-            return await wait()
-        got: list[_Unit | None] = []
-
-        async def lent() -> None:
-            got.append(await wait())
-
-        try:
-            await permit.lend(lent)
-        except BaseException:
-            if got and got[0] is not None:
-                await _admission.give_back(got[0], used=False)
-            raise
-        return got[0]
-
-    async def _attempt(self, unit: _Unit, reject: bool) -> Sequence[Any] | _Offline:
-        """One admission attempt: the script's reply, or what to do while Redis is
-        unreachable."""
-        member = self._member
-        if not member.available:
-            return self._locally(unit, reject)
-        keys = member.keys(unit.tag)
-        unit.sent = anyio.current_time()
-        try:
-            return await cancellation.call(
-                member.admit(
-                    [member.epoch_key, keys["cfg"], keys["bucket"], keys["quiet"], keys["holders"],
-                     keys["charges"], keys["queue"], keys["waiters"], keys["needs"], keys["ticket"],
-                     member.tombstone(unit.tag, unit.id)],
-                    [unit.id, unit.tokens, member.ttl_ms, member.ttl_ms, member.channel, unit.tag,
-                     boot.fresh_run_id(member.client)],
-                )
-            )  # fmt: skip
-        except UNAVAILABLE_ERRORS as exc:
-            member.unavailable(exc)
-            return self._locally(unit, reject)
-
-    def _locally(self, unit: _Unit, reject: bool) -> _Offline:
-        member = self._member
-        if member.on_unavailable == "wait":
-            return _Offline(None)
-        setting = member.known.get(unit.t)
-        if setting.closed_until_ms is not None:
-            left = setting.closed_until_ms / 1000 - (time.time() + member.server_offset)
-            if left > 0:
-                if reject:
-                    raise TupleSuspendedError(SUSPENDED_MESSAGE)
-                return _Offline(left)
-        wait = member.share.try_admit(unit.t, setting, unit.tokens, anyio.current_time())
-        if wait == 0:
-            unit.local = True
-        return _Offline(wait)
-
-    async def _wait(
-        self, unit: _Unit, reject: bool, reply: Sequence[Any] | _Offline
-    ) -> _Unit | None:
-        member = self._member
-        watch = Watch(ticket=-math.inf)
-        member.watches.setdefault(unit.tag, set()).add(watch)
-        recheck = min(member.ttl / 3, MAX_RECHECK)
-        try:
-            while True:
-                if isinstance(reply, _Offline):
-                    if reply.wait is None:  # "wait" mode: until Redis is back
-                        with anyio.move_on_after(recheck):
-                            await member.back.wait()
-                    elif reply.wait == 0:
-                        return unit.granted()
-                    else:
-                        with anyio.move_on_after(min(reply.wait, recheck)):
-                            await watch.event.wait()
-                else:
-                    tag = int(reply[0])
-                    if tag == scripts.GRANTED:
-                        if anyio.current_time() < local_deadline(unit.sent, member.ttl):
-                            return unit.granted()
-                        log.warning(
-                            "fleet %r: a grant arrived after its ttl; given back", self.name
-                        )
-                        await best_effort(
-                            functools.partial(unit.give_back, used=False), member.ttl, "giving back"
-                        )
-                        unit.reset()
-                        wait = 0.0
-                    elif tag == fleet_scripts.UNGOVERNED:
-                        member.known.put(unit.t, Setting())
-                        return None
-                    elif tag == fleet_scripts.LOST:
-                        await member.restore(member.epoch)
-                        if not member.known.governs(unit.t):
-                            return None
-                        wait = 0.0
-                    elif tag == scripts.QUIET:
-                        if await boot.on_quiet(
-                            member.client, f"fleet {self.name!r}", int(reply[1]), text(reply[2])
-                        ):
-                            wait = 0.0
-                        else:
-                            wait = min(int(reply[1]) / 1000, recheck)
-                    else:
-                        if int(reply[3]) and reject:
-                            raise TupleSuspendedError(SUSPENDED_MESSAGE)
-                        watch.ticket = int(reply[2])
-                        ms = int(reply[1])
-                        wait = recheck if ms < 0 else min(ms / 1000, recheck)
-                    if wait > 0:
-                        with anyio.move_on_after(wait + 0.001):
-                            await watch.event.wait()
-                watch.reset()
-                reply = await self._attempt(unit, reject)
-        except BaseException:
-            if not unit.local:
-                await best_effort(
-                    functools.partial(unit.give_back, used=False, abandon=True),
-                    member.ttl,
-                    f"cleaning up a request of fleet {self.name!r}",
-                )
-            raise
-        finally:
-            watches = member.watches.get(unit.tag)
-            if watches is not None:
-                watches.discard(watch)
-                if not watches:
-                    del member.watches[unit.tag]
-
-    def _wake_local(self, tag: str) -> None:
-        for watch in self._member.watches.get(tag, ()):
-            watch.event.set()
 
 
 _Learned = tuple[float | None, float | None, float | None, float | None]
@@ -451,101 +333,3 @@ def _merge(old: _Learned, new: _Learned) -> _Learned:
         least(old[2], new[2]),
         least(old[3], new[3]),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Offline:
-    """What an attempt comes to while Redis is unreachable: admitted locally (``wait`` 0),
-    wait that many seconds (or until a local unit is released), or (None, "wait" mode)
-    wait for Redis."""
-
-    wait: float | None
-
-
-@final
-class _Unit:
-    """One request's fleet admission (``_admission.Admitted``): a unit of the tuple, held
-    until released; settle() is sent in the background (the latest value wins)."""
-
-    def __init__(
-        self, fleet: RedisFleet, t: ModelTuple, tag: str, unit_id: str, tokens: int
-    ) -> None:
-        self.fleet = fleet
-        self.t = t
-        self.tag = tag
-        self.id = unit_id
-        self.tokens = tokens  # the current charge
-        self.sent = 0.0
-        self.local = False
-        self._sending: asyncio.Task[None] | None = None
-        self._settled = tokens
-        self._done = False
-
-    def reset(self) -> None:
-        self.id = uuid.uuid4().hex
-
-    def granted(self) -> _Unit:
-        member = self.fleet._member
-        if not self.local:
-            member.units[self.id] = (self.t, member.keys(self.tag)["holders"])
-        return self
-
-    def settle(self, tokens: int) -> None:
-        delta = tokens - self.tokens
-        self.tokens = tokens
-        if self.local:
-            self.fleet._member.share.settle(self.t, delta)
-            return
-        loop = self.fleet._loop
-        assert loop is not None
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._send_soon()
-        else:
-            loop.call_soon_threadsafe(self._send_soon)
-
-    def _send_soon(self) -> None:
-        if self._sending is None and not self._done:
-            self._sending = asyncio.get_running_loop().create_task(self._send())
-
-    async def _send(self) -> None:
-        member = self.fleet._member
-        keys = member.keys(self.tag)
-        try:
-            while self._settled != self.tokens and not self._done:
-                value = self.tokens
-                await member.settle(
-                    [keys["cfg"], keys["bucket"], keys["holders"], keys["charges"], keys["queue"]],
-                    [self.id, value, member.channel, self.tag],
-                )
-                self._settled = value
-        except UNAVAILABLE_ERRORS as exc:
-            log.warning("fleet %r: settling a request failed: %s", self.fleet.name, exc)
-        finally:
-            self._sending = None
-
-    async def release(self, *, used: bool) -> None:
-        await self.give_back(used=used)
-
-    async def give_back(self, *, used: bool, abandon: bool = False) -> None:
-        self._done = True
-        member = self.fleet._member
-        if self.local:
-            member.share.release(self.t)
-            self.fleet._wake_local(self.tag)
-            return
-        member.units.pop(self.id, None)
-        keys = member.keys(self.tag)
-        await best_effort(
-            lambda: member.release(
-                [keys["cfg"], keys["bucket"], keys["holders"], keys["charges"], keys["queue"],
-                 keys["waiters"], keys["needs"], member.tombstone(self.tag, self.id)],
-                [self.id, self.tokens, 1 if used else 0, f"{member.channel}\n{self.tag}",
-                 member.ttl_ms if abandon else 0],
-            ),
-            member.ttl,
-            f"releasing a request of fleet {self.fleet.name!r}",
-        )  # fmt: skip

@@ -108,6 +108,8 @@ class Member:
         self._deadline = math.inf
         self._wanted: anyio.Event  # a setting changed: re-read
         self._restoring = asyncio.Lock()
+        self.last = FleetStatistics(name, 0, ())  # the latest reload's view
+        self.last_at = -math.inf
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -201,7 +203,9 @@ class Member:
             )
         self.known = known
         self.share.members = max(1, members)
-        return FleetStatistics(self.name, members, tuple(rows))
+        self.last = FleetStatistics(self.name, members, tuple(rows))
+        self.last_at = anyio.current_time()
+        return self.last
 
     async def restore(self, lost: str | None) -> None:
         """Put back the settings this member knows, in a server that lost the fleet's state

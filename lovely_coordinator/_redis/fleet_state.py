@@ -22,6 +22,7 @@ __all__ = [
     "Known",
     "Setting",
     "Share",
+    "fleet_document",
     "tag_of",
     "tuple_of",
 ]
@@ -112,6 +113,36 @@ class FleetStatistics:
     members: int
     tuples: tuple[FleetTupleStatistics, ...]
     available: bool = True  # False: Redis could not be reached (the rest is this member's)
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 3)
+
+
+def fleet_document(statistics: FleetStatistics, now: float) -> dict[str, object]:
+    """``statistics`` as the endpoint's ``fleet`` field (plain data); ``now`` is the
+    server's Unix time, for each closed gate's ``reopens_in``."""
+    return {
+        "name": statistics.name,
+        "members": statistics.members,
+        "available": statistics.available,
+        "tuples": [
+            {
+                "tuple": list(row.tuple),
+                "limit": row.limit,
+                "in_flight": row.in_flight,
+                "queued": row.queued,
+                "requests_per_minute": _finite(row.requests_per_minute),
+                "tokens_per_minute": _finite(row.tokens_per_minute),
+                "requests_available": _finite(row.requests_available),
+                "tokens_available": _finite(row.tokens_available),
+                "open": row.open,
+                "reopens_at": row.reopens_at,
+                "reopens_in": None if row.reopens_at is None else max(0.0, row.reopens_at - now),
+            }
+            for row in statistics.tuples
+        ],
+    }
 
 
 _MINUTE: Final = 60.0
