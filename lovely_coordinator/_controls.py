@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from ._admission import attached
 from ._core import CoordinatorCore
 from ._events import GATES, gate_closed, gate_reopened
 from ._types import ModelTuple, ModelTupleLike, as_model_tuple
@@ -197,6 +198,10 @@ class CoordinatorControls(CoordinatorCore):
         model_tuple = as_model_tuple(t)
         requests, tokens = _budget(requests_per_minute), _budget(tokens_per_minute)
         left_requests, left_tokens = _remaining(requests_remaining), _remaining(tokens_remaining)
+        hook = attached(self)
+        if hook is not None:  # a fleet: the provider's budget is the fleet's (_admission.py)
+            hook.learn(model_tuple, requests, tokens, left_requests, left_tokens)
+            return
         with self._lock:
             self._follow()
             self._scheduler.learn_budget(model_tuple, requests, tokens, left_requests, left_tokens)

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from time import monotonic
 from typing import Final
 
+from ._admission import attached
 from ._core import CoordinatorCore
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._instruments import Dispatch, Instrument
@@ -115,7 +116,11 @@ class CoordinatorObservation(CoordinatorCore):
         with self._lock:
             statistics = snapshot(self._scheduler, self._clock, self.resident_count)
             found = waiters(self._scheduler, self._clock.now(), monotonic())
-        return json.dumps(document(statistics, found), allow_nan=False).encode()
+        content = document(statistics, found)
+        hook = attached(self)
+        if hook is not None:  # a fleet: its view beside the process's
+            content["fleet"] = hook.document()
+        return json.dumps(content, allow_nan=False).encode()
 
 
 def document(statistics: CoordinatorStatistics, found: list[WaiterStatistics]) -> dict[str, object]:

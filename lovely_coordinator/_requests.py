@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final, final
 
 import anyio.lowlevel
 
+from . import _admission
 from ._backend import current_task
 from ._errors import UsageError
 from ._lines import GRANTED, RequestTicket
@@ -61,10 +62,16 @@ class ModelRequest:
             was last settled at.
     """
 
-    __slots__ = ("_coordinator", "_order", "_settled", "_ticket")
+    __slots__ = ("_coordinator", "_order", "_outer", "_settled", "_ticket")
 
-    def __init__(self, coordinator: CoordinatorCore, ticket: RequestTicket) -> None:
+    def __init__(
+        self,
+        coordinator: CoordinatorCore,
+        ticket: RequestTicket,
+        outer: _admission.Admitted | None = None,
+    ) -> None:
         self._coordinator = coordinator
+        self._outer = outer  # its admission by a fleet (see _admission.py)
         self._ticket = ticket
         self._order = ticket.order
         self._settled = 0  # its largest settlement so far (for instruments' token counts)
@@ -95,6 +102,8 @@ class ModelRequest:
         value = as_tokens(tokens)
         increase = value - self._settled if value > self._settled else 0
         self._coordinator._settle(self._ticket, value, increase)
+        if self._outer is not None:
+            self._outer.settle(value)
         if increase:
             self._settled = value
 
@@ -157,13 +166,21 @@ class RequestContext:
                 await anyio.lowlevel.cancel_shielded_checkpoint()
                 return outer
             frame = frame[3]
-        permit = find_permit(coordinator)
-        cover = None if permit is None else permit._ticket
-        ticket, admitted = coordinator._enqueue_request(
-            self._t, self._order, self._reject, self._tokens, cover
+        outside, order = await _admission.admit(
+            coordinator, self._t, self._tokens, self._order, self._reject
         )
-        await admitted
-        request = self._request = ModelRequest(coordinator, ticket)
+        try:
+            permit = find_permit(coordinator)
+            cover = None if permit is None else permit._ticket
+            ticket, admitted = coordinator._enqueue_request(
+                self._t, order, self._reject, self._tokens, cover
+            )
+            await admitted
+        except BaseException:
+            if outside is not None:
+                await _admission.give_back(outside, used=False)
+            raise
+        request = self._request = ModelRequest(coordinator, ticket, outside)
         frame = self._frame = (request, coordinator, task, current_request_var.get())
         self._token = current_request_var.set(frame)
         return request
@@ -185,3 +202,5 @@ class RequestContext:
         finally:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)
+            if request._outer is not None:
+                await _admission.give_back(request._outer, used=True)

@@ -86,6 +86,32 @@ def _budget(entry: dict[str, Any]) -> str:
     return " · ".join(parts) if parts else "-"
 
 
+def _fleet(fleet: dict[str, Any], widest: int) -> list[RenderableType]:
+    """The fleet's view (RedisFleet): members, and per tuple in flight, queued, budget."""
+    from rich.table import Table
+    from rich.text import Text
+
+    state = "" if fleet["available"] else " · Redis unreachable: this member's share"
+    heading = Text.assemble(
+        ("fleet ", "bold"), Text(str(fleet["name"])), f" · {fleet['members']} members{state}"
+    )
+    table = Table(box=None, header_style="bold", pad_edge=False, expand=False)
+    for column in ("tuple", "in flight", "queued", "limit", "gate", "budget left"):
+        table.add_column(column, justify="left" if column in ("tuple", "gate") else "right")
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = widest
+    for entry in fleet["tuples"]:
+        table.add_row(
+            Text(_name(entry["tuple"])),
+            Text(str(entry["in_flight"])),
+            Text(str(entry["queued"])),
+            Text("-" if entry["limit"] is None else str(entry["limit"])),
+            _gate(entry),
+            Text(_budget(entry)),
+        )
+    return [heading, table if fleet["tuples"] else Text("the fleet governs no tuple")]
+
+
 def _why(waiter: dict[str, Any], tuples: dict[str, dict[str, Any]], limit: int) -> str:
     entry = tuples.get(_name(waiter["tuple"]), {})
     reason = waiter["reason"]
@@ -168,6 +194,8 @@ def render(document: dict[str, Any] | None, url: str, error: str | None = None) 
         )
     parts: list[RenderableType] = [title, summary, Text("")]
     parts.append(tuples if by_name else Text("no tuple has work, a cap, a budget or a closed gate"))
+    if isinstance(document.get("fleet"), dict):
+        parts += [Text(""), *_fleet(document["fleet"], widest)]
     parts += [Text(""), Text("longest waiters", style="bold")]
     parts.append(waiters if waiting else Text("nobody waits"))
     parts += [Text(""), Text("q or Ctrl-C to leave", style="dim")]

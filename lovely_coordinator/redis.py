@@ -10,6 +10,8 @@ Needs the ``redis`` extra (redis-py's asyncio client, with hiredis)::
   with fenced reads (``entries(fence=f)``, ``claim(f)``) for read-modify-writes.
 * :class:`RedisGates`: provider/model gates shared by every replica's coordinator.
 * :class:`RedisPermitPool` / :class:`RedisPermit`: a cluster-wide FIFO cap.
+* :class:`RedisFleet` / :class:`FleetStatistics`: budgets, tuple limits and gates shared by
+  every process's ``coordinator.request()`` (one atomic admission per request).
 * :class:`UnsupportedServerError`: the server is older than Redis 7.0 / Valkey 7.2.
 
 **Retries.** ``Redis.from_url()`` clients of redis-py 8 do not retry a command at all (a
@@ -39,6 +41,9 @@ must allow ``INFO`` to the client's user.
 from ._errors import StaleFenceError as StaleFenceError
 from ._errors import UnsupportedServerError as UnsupportedServerError
 from ._redis.fenced_log import FencedLog as FencedLog
+from ._redis.fleet import RedisFleet as RedisFleet
+from ._redis.fleet_state import FleetStatistics as FleetStatistics
+from ._redis.fleet_state import FleetTupleStatistics as FleetTupleStatistics
 from ._redis.gates import RedisGates as RedisGates
 from ._redis.locker import RedisLease as RedisLease
 from ._redis.locker import RedisLocker as RedisLocker
@@ -47,6 +52,9 @@ from ._redis.permit_pool import RedisPermitPool as RedisPermitPool
 
 __all__ = [
     "FencedLog",
+    "FleetStatistics",
+    "FleetTupleStatistics",
+    "RedisFleet",
     "RedisGates",
     "RedisLease",
     "RedisLocker",

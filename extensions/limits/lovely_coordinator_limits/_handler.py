@@ -19,6 +19,7 @@ from lovely_coordinator import (
     InvalidArgumentTypeError,
     ModelTuple,
 )
+from lovely_coordinator._admission import attached
 
 from ._backoff import Backoff
 from ._breaker import Breaker, Close
@@ -280,6 +281,17 @@ class ProviderLimitHandler:
             return
         t = draw.tuple
         coordinator = self.coordinator
+        if attached(coordinator) is not None:
+            # A fleet (RedisFleet) shares the provider's budget between the processes: it
+            # learns the provider's own figures, not this process's share of them.
+            coordinator.learn_budget(
+                t,
+                requests_per_minute=limits.requests and limits.requests.per_minute,
+                tokens_per_minute=limits.tokens and limits.tokens.per_minute,
+                requests_remaining=limits.requests and limits.requests.remaining,
+                tokens_remaining=limits.tokens and limits.tokens.remaining,
+            )
+            return
         entry = coordinator.tuple_statistics(t)
         available = (
             (None, None) if entry is None else (entry.requests_available, entry.tokens_available)

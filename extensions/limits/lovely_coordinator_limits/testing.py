@@ -1,8 +1,9 @@
 """A local fake model provider, for testing rate-limit handling against real SDK clients.
 
 :class:`FakeProvider` is a plain ASGI app speaking just enough of the OpenAI chat
-completions, Anthropic messages and Gemini APIs (see ``_fake_wire``), JSON or streamed,
-with ``usage`` in every answer. Per model it can:
+completions and responses, Anthropic messages and Gemini APIs (see ``_fake_wire``), JSON or
+streamed, with ``usage`` in every answer, and calling tools when asked to
+(``use_tools``, see ``_fake_tools``). Per model it can:
 
 - enforce rate limits (:meth:`FakeProvider.limit` with a :class:`Quota`): token buckets of
   a short window of the announced per-minute rates, as providers enforce them, with the
@@ -31,6 +32,7 @@ Requires the ``testing`` extra (uvicorn, pytest).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -134,11 +136,17 @@ class FakeProvider:
         reply: the text every completion answers with (cut to the request's output
             limit); ``None`` answers with as many tokens as the output limit allows.
         latency: seconds each answer takes before its first byte.
+        use_tools: whether a request that offers tools, and holds no tool result yet, is
+            answered with a call of its first tool (so an agent delegates once, then
+            answers); otherwise every answer is text.
     """
 
-    def __init__(self, reply: str | None = "ok", *, latency: float = 0.0) -> None:
+    def __init__(
+        self, reply: str | None = "ok", *, latency: float = 0.0, use_tools: bool = False
+    ) -> None:
         self.reply = reply
         self.latency = latency
+        self.use_tools = use_tools
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._scripts: dict[str, deque[Refuse]] = {}
@@ -230,6 +238,8 @@ class FakeProvider:
         if ask is None:
             await _send_json(send, 404, {"error": {"message": "not found"}})
             return
+        if not self.use_tools:
+            ask = dataclasses.replace(ask, tool_call=None)
         now, wall = time.monotonic(), datetime.now(UTC)
         with self._changed:
             self._token = anyio.lowlevel.current_token()
@@ -244,6 +254,8 @@ class FakeProvider:
             headers = _limit_headers(ask.api, buckets, wall)
             refused = refusal is not None or (admission is not None and not admission.admitted)
             text, output, cut = answer_text(self.reply, ask.output_limit)
+            if ask.tool_call is not None:
+                text, output, cut = "", ask.tool_call.tokens, False
             status = refusal.status if refusal is not None else 429 if refused else 200
             served = (ask.prompt_tokens, output) if not refused else (0, 0)
             self._seen.append(Seen(ask.api, ask.model, ask.stream, status, now, *served))
@@ -301,7 +313,11 @@ class FakeProvider:
 def _limit_headers(api: Api, buckets: Buckets | None, wall: datetime) -> dict[str, str]:
     if buckets is None or api == "gemini":
         return {}
-    return buckets.openai_headers() if api == "openai" else buckets.anthropic_headers(wall)
+    return (
+        buckets.openai_headers()
+        if api in ("openai", "responses")
+        else buckets.anthropic_headers(wall)
+    )
 
 
 @contextmanager
@@ -347,7 +363,7 @@ def fake_provider(fake_provider_server: tuple[FakeProvider, str]) -> Iterator[Fa
     """The module's served :class:`FakeProvider`, with nothing left over from other tests."""
     provider = fake_provider_server[0]
     provider.reset()
-    provider.reply, provider.latency = "ok", 0.0
+    provider.reply, provider.latency, provider.use_tools = "ok", 0.0, False
     yield provider
     provider.reset()  # lets requests a failed test left held go
 
