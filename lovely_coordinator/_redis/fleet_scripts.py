@@ -311,6 +311,7 @@ end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local rpm, tpm, limit, closed = config(KEYS[3])
+local before = {rpm, tpm, limit, closed}
 local flags = redis.call('HMGET', KEYS[3], 'rpm_learned', 'tpm_learned')
 local rpm_learned, tpm_learned = flags[1], flags[2]
 local rq, tk = refill(KEYS[4], rpm, tpm, now)
@@ -365,7 +366,12 @@ if #fields > 0 then
 else
   redis.call('HDEL', KEYS[2], tag)
 end
-redis.call('PUBLISH', ARGV[3], tag .. ' *')
+if op ~= 'learn' or before[1] ~= rpm or before[2] ~= tpm then
+  -- Members re-read the settings, and the tuple's waiters re-try. (Not for a learned
+  -- remaining amount, which only ever lowers what is available: it arrives with every
+  -- response, and would wake every waiter of the fleet each time.)
+  redis.call('PUBLISH', ARGV[3], tag .. ' *')
+end
 return epoch
 """
 )
