@@ -98,7 +98,7 @@ class FleetAdmission:
             if reply.wait == 0:
                 return unit.granted()
         elif int(reply[0]) == scripts.GRANTED:
-            return unit.granted()
+            return unit.granted(int(reply[2]))
         elif int(reply[0]) == fleet_scripts.UNGOVERNED:
             member.known.put(t, Setting())
             return None
@@ -177,7 +177,7 @@ class FleetAdmission:
                     tag = int(reply[0])
                     if tag == scripts.GRANTED:
                         if anyio.current_time() < local_deadline(unit.sent, member.ttl):
-                            return unit.granted()
+                            return unit.granted(int(reply[2]))
                         log.warning(
                             "fleet %r: a grant arrived after its ttl; given back", self.name
                         )
@@ -256,6 +256,7 @@ class Unit:
         self.tokens = tokens  # the current charge
         self.sent = 0.0
         self.local = False
+        self.admitted_ms: int | None = None  # the server's time of the admission (ms)
         self._sending: asyncio.Task[None] | None = None
         self._settled = tokens
         self._done = False
@@ -263,7 +264,8 @@ class Unit:
     def reset(self) -> None:
         self.id = uuid.uuid4().hex
 
-    def granted(self) -> Unit:
+    def granted(self, server_ms: int | None = None) -> Unit:
+        self.admitted_ms = server_ms
         member = self.fleet._member
         if not self.local:
             member.units[self.id] = (self.t, member.keys(self.tag)["holders"])

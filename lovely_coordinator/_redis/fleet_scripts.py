@@ -116,7 +116,8 @@ end
 # KEYS: 1 epoch, 2 cfg, 3 bucket, 4 quiet, 5 holders, 6 charges, 7 queue, 8 waiters,
 #       9 needs, 10 ticket counter, 11 this attempt's tombstone
 # ARGV: 1 id, 2 tokens, 3 unit ttl ms, 4 waiter ttl ms, 5 channel, 6 tag, 7 fresh run id
-# -> {GRANTED, ticket} | {WAITING, ms or -1, ticket, closed 0/1} | {QUIET, ms, run id}
+# -> {GRANTED, ticket, server ms} | {WAITING, ms or -1, ticket, closed 0/1}
+#  | {QUIET, ms, run id}
 #  | {UNGOVERNED} | {LOST}
 ADMIT: Final = (
     _FLEET_PRELUDE
@@ -138,7 +139,7 @@ local now_ms = math.floor(now / 1000)
 local purged = purge(KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], now_ms)
 if redis.call('ZSCORE', KEYS[5], id) then
   -- A retried call whose first reply was lost: the unit stands.
-  return {1, tonumber(redis.call('HGET', KEYS[6], id .. ':ticket') or '0')}
+  return {1, tonumber(redis.call('HGET', KEYS[6], id .. ':ticket') or '0'), now_ms}
 end
 if limit and redis.call('EXISTS', KEYS[10]) == 0 then
   local wait, run_id = quiet(KEYS[4], tonumber(ARGV[3]), ARGV[7])
@@ -191,7 +192,7 @@ redis.call('HDEL', KEYS[9], id)
 redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[3]), id)
 redis.call('HSET', KEYS[6], id, ARGV[2], id .. ':ticket', ticket)
 if purged > 0 then announce(KEYS[5], KEYS[7], limit, ARGV[5], ARGV[6]) end
-return {1, ticket}
+return {1, ticket, now_ms}
 """
 )
 
