@@ -8,9 +8,9 @@ Each run starts two throwaway servers and replica processes, injects faults (see
 ``tests/redis_chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
 holder accepted, never more pool holders than the limit while their permits could be shown
 held, no closure shortened, never more fleet calls in flight than the fleet's limit, and
-never more tokens admitted by the fleet than its bucket allowed. The exit status is 1 if any run broke a promise (with
-``--unfenced``: if any run lost *no* update, as the oracle would then be blind). The
-replicas' logs go to a file in the temporary directory, named at the end.
+never more tokens admitted by the fleet than its bucket allowed. The exit status is 1 if
+any run broke a promise (with ``--unfenced``: if any run lost *no* update, as the oracle
+would then be blind). The replicas' logs go to a file in the temporary directory, named at the end.
 """
 
 from __future__ import annotations
