@@ -9,6 +9,7 @@ from ._config import CoordinatorConfig as CoordinatorConfig
 from ._coordinator import AGENT_COORDINATOR_VERSION as AGENT_COORDINATOR_VERSION
 from ._coordinator import AgentCoordinator as AgentCoordinator
 from ._coordinator import create_agent_coordinator as create_agent_coordinator
+from ._errors import AdmissionTimeoutError as AdmissionTimeoutError
 from ._errors import CoordinatorBusyError as CoordinatorBusyError
 from ._errors import CoordinatorError as CoordinatorError
 from ._errors import IncompatibleCoordinatorError as IncompatibleCoordinatorError
@@ -37,6 +38,7 @@ from ._types import as_model_tuple as as_model_tuple
 
 __all__ = [
     "AGENT_COORDINATOR_VERSION",
+    "AdmissionTimeoutError",
     "AgentCoordinator",
     "AgentPermit",
     "AgentReservation",

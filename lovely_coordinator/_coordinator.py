@@ -26,6 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar, final
 
+from ._blocking import BlockingRequestContext, as_timeout
 from ._config import CoordinatorConfig
 from ._controls import LIMIT_MESSAGE, CoordinatorControls
 from ._core import CoordinatorCore
@@ -295,6 +296,45 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
         return RequestContext(self, model_tuple, charge, order, reject_on_closed_tuple)
+
+    def request_sync(
+        self,
+        t: ModelTupleLike,
+        /,
+        *,
+        tokens: int = 0,
+        acceptance_order: int | None = None,
+        reject_on_closed_tuple: bool = False,
+        timeout: float | None = None,
+    ) -> BlockingRequestContext:
+        """``with coordinator.request_sync(t, tokens=n) as call:`` — :meth:`request`
+        for a thread without an event loop (a sync SDK client in a thread pool).
+
+        The same admission, in the same line as every async waiter: the gate, the
+        budget, a slot of its own (a thread has no current permit, so it never covers
+        one), the same settle and release. Any number of threads may wait at once; each
+        blocks only itself. The wait is made on a private daemon loop of the process
+        (see ``_blocking``), so timed reopens and budget refills wake it even when no
+        other loop runs.
+
+        Args:
+            timeout: the longest wait for admission, in seconds (``None``: no bound). Past
+                it, nothing is held or drawn. 0 admits only what can be admitted at once.
+
+        Raises:
+            InvalidArgumentError: as :meth:`request`, or a bad ``timeout`` (raised here).
+            AdmissionTimeoutError: not admitted within ``timeout`` (a ``TimeoutError``).
+            TupleSuspendedError: ``reject_on_closed_tuple`` and ``t`` is or gets closed.
+            CoordinatorBusyError: ``max_queued`` waiters already wait.
+            UsageError: entered twice, or entered in a thread that runs an event loop
+                (blocking it could stop the very release it waits for).
+        """
+        charge = as_tokens(tokens)
+        model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
+        limit = as_timeout(timeout)
+        return BlockingRequestContext(
+            self, model_tuple, charge, order, reject_on_closed_tuple, limit
+        )
 
     # -- lending -------------------------------------------------------------------------------
 

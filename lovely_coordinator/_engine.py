@@ -203,7 +203,7 @@ class Engine:
     def _offer(self, line: Line) -> None:
         """Make sure a runnable line with a live head is represented in ``_ready``."""
         state = line.state
-        if not state.admits:
+        if not state.line_admits(line):
             return
         head = line.head()
         if head is None:
@@ -291,7 +291,7 @@ class Engine:
                     heapq.heappop(ready)  # superseded by a better entry, or forgotten
                     continue
                 state = line.state
-                head = line.head() if state.admits else None
+                head = line.head() if state.line_admits(line) else None
                 block = state.block
                 if head is None or (
                     line.kind == REQUESTS and block is not None and head.key > block.key
@@ -310,8 +310,11 @@ class Engine:
                 line = ready[0][2]
                 if line.kind == REQUESTS:
                     state = line.state
-                    if state.budgeted and state.covered.items:
-                        self._serve_covered(state)  # its covered requests ahead draw first
+                    if state.covered.items and (state.budgeted or state.limit is not None):
+                        calls = state.calls
+                        self._serve_covered(state)  # its covered requests ahead go first
+                        if state.calls != calls:
+                            continue  # they took calls (and budget): settle the top again
                     if not self._may_draw(state, line.first()):
                         line.entry = None
                         heapq.heappop(ready)
@@ -328,7 +331,7 @@ class Engine:
         """Grant the head of ``line``, whose entry the drain just settled on top of
         ``_ready``, and re-key the line there (the only caller is :meth:`_drain`)."""
         self._grant(line.pop())  # never touches _ready: a granted head covers nothing yet
-        head = line.head() if line.state.admits else None
+        head = line.head() if line.state.line_admits(line) else None
         ready = self._ready
         assert ready[0] is line.entry
         if head is None:
@@ -355,6 +358,7 @@ class Engine:
             self.lent -= 1
             state.lent -= 1
         elif ticket.request:
+            state.calls += 1
             self._draw(state, ticket)
         parker = ticket.parker
         if parker is not None:
@@ -366,21 +370,19 @@ class Engine:
     def _serve_covered(self, state: TupleState) -> None:
         """Grant the tuple's covered requests that may run (they need no free slot).
 
-        With a budget, they stop at a request of the tuple that wants a slot of its own,
-        is ahead of them and may get one: it draws first, in the drain, which serves the
-        tuple again when it ends (so a later covered request never overtakes it).
+        With a budget or a cap, they stop at a request of the tuple that wants a slot of
+        its own, is ahead of them and may get one: it goes first, in the drain, which
+        serves the tuple again when it ends (so a later covered request never overtakes
+        it for the budget or the tuple's calls).
         """
         line = state.covered
         while state.open:
             head = line.head()
             if head is None:
                 return
-            cover = head.cover
-            assert cover is not None
-            foreign = cover.tuple_state is not state
-            if foreign and state.capped:
+            if state.calls_full:
                 return
-            if state.budgeted and self._own_goes_first(state, head):
+            if (state.budgeted or state.limit is not None) and self._own_goes_first(state, head):
                 self._stopped.append(state)
                 return
             if not self._may_draw(state, head):
@@ -391,8 +393,7 @@ class Engine:
             head.state = GRANTED
             self.queued -= 1
             state.queued -= 1
-            if foreign:
-                state.borrowed += 1
+            state.calls += 1
             if head.reject and state.foreground is not None:
                 state.foreground.pop(head, None)
             self._draw(state, head)
@@ -408,7 +409,7 @@ class Engine:
         if own is None or own.key > covered.key or self.active >= self.limit:
             return False
         block = state.block
-        return state.admits and (block is None or own.key < block.key)
+        return state.admits_calls and (block is None or own.key < block.key)
 
     def _draw(self, state: TupleState, ticket: Ticket) -> None:
         if not state.budgeted:
@@ -443,8 +444,9 @@ class Engine:
         self.active -= 1
         state.active -= 1
         if self.queued:  # else nobody could take the slot
-            if state.limit is not None and state.active + state.borrowed == state.limit - 1:
-                self._wake_tuple(state)  # it just dropped below its cap
+            limit = state.limit
+            if limit is not None and (state.active == limit - 1 or state.calls == limit - 1):
+                self._wake_tuple(state)  # its slots or calls just dropped below its cap
             self._drain()
         if not state.active and not state.queued:
             self._forget_if_idle(state)

@@ -12,6 +12,7 @@ whose meaning it shares::
     │                                          ... of the wrong type (a non-callable)
     ├── UsageError (RuntimeError)              the API was used in a way it cannot be
     ├── CoordinatorBusyError                   max_queued waiters already wait
+    ├── AdmissionTimeoutError (TimeoutError)   request_sync(): not admitted within its timeout
     ├── TupleSuspendedError                    the provider/model gate is closed
     ├── ReservationCancelledError              the reservation was cancelled
     ├── ReservationUsedError (RuntimeError)    run() called twice on one reservation
@@ -53,6 +54,7 @@ from typing import Any, Final
 
 __all__ = [
     "ERRORS_VERSION",
+    "AdmissionTimeoutError",
     "ConversationBusyError",
     "CoordinationUnavailableError",
     "CoordinatorBusyError",
@@ -140,6 +142,14 @@ class CoordinatorBusyError(CoordinatorError):
     """``max_queued`` waiters already wait; the request took no place and no order."""
 
     def __init__(self, message: str = "too many requests are already waiting for a permit") -> None:
+        super().__init__(message)
+
+
+class AdmissionTimeoutError(CoordinatorError, TimeoutError):
+    """A blocking request (``request_sync``) was not admitted within its timeout; it
+    holds nothing and drew nothing."""
+
+    def __init__(self, message: str = "the request was not admitted within its timeout") -> None:
         super().__init__(message)
 
 

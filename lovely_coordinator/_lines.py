@@ -336,8 +336,11 @@ class TupleState:
     Invariants (checked by ``Scheduler.check_invariants``):
         * ``active`` counts the slots on this tuple: its GRANTED permits and GRANTED
           requests on a slot of their own, plus lent or released permits whose slot is
-          deferred; ``borrowed`` counts the GRANTED requests on this tuple that are
-          covered by a permit of another tuple (they count against this tuple's cap).
+          deferred; ``calls`` counts its GRANTED requests, on slots of their own or on
+          covers of any tuple (the calls in flight at the provider).
+        * A cap bounds both: nothing but a reacquire is granted a slot on the tuple
+          while ``active >= limit`` (a reacquire may exceed it), and no request of the
+          tuple is granted while ``calls >= limit`` (nothing exceeds that).
         * ``queued`` counts its INACTIVE and QUEUED tickets (reacquires included).
         * ``foreground`` holds exactly its queued tickets with ``reject`` set.
         * ``inactive`` holds exactly its INACTIVE tickets (reservations not yet activated,
@@ -352,7 +355,7 @@ class TupleState:
         "active",
         "block",
         "block_until",
-        "borrowed",
+        "calls",
         "covered",
         "explicit",
         "foreground",
@@ -375,7 +378,7 @@ class TupleState:
         self.requests = Line(self, REQUESTS)
         self.covered = Line(self, COVERED)
         self.active = 0
-        self.borrowed = 0
+        self.calls = 0
         self.queued = 0
         self.limit: int | None = None
         self.open = True
@@ -396,14 +399,30 @@ class TupleState:
 
     @property
     def capped(self) -> bool:
-        """At its cap: nothing more may be granted on it."""
+        """Its slots are at its cap: no permit or own-slot request may be granted."""
         limit = self.limit
-        return limit is not None and self.active + self.borrowed >= limit
+        return limit is not None and self.active >= limit
+
+    @property
+    def calls_full(self) -> bool:
+        """Its calls in flight are at its cap: no request of it may be granted."""
+        limit = self.limit
+        return limit is not None and self.calls >= limit
 
     @property
     def admits(self) -> bool:
-        """Open and below its cap: its eligible tickets may be granted now."""
-        return self.open and (self.limit is None or self.active + self.borrowed < self.limit)
+        """Open and its slots below its cap: its eligible permits may be granted now."""
+        return self.open and (self.limit is None or self.active < self.limit)
+
+    @property
+    def admits_calls(self) -> bool:
+        """Open, and its slots and calls below its cap: an own-slot request may run."""
+        limit = self.limit
+        return self.open and (limit is None or (self.active < limit and self.calls < limit))
+
+    def line_admits(self, line: Line) -> bool:
+        """Whether the head of ``line`` (one of this tuple's) passes the gate and cap."""
+        return self.admits_calls if line.kind == REQUESTS else self.admits
 
     @property
     def budgeted(self) -> bool:
@@ -415,7 +434,7 @@ class TupleState:
         return (
             not self.queued
             and not self.active
-            and not self.borrowed
+            and not self.calls
             and not self.lent
             and self.open
             and self.limit is None

@@ -20,11 +20,25 @@ both). A model request needs the same and one more thing: its tuple's budget mus
 
 A request may also run on the slot of its task's current permit (its *cover*) instead of
 a slot of its own: a permit covers one request at a time. A request entered while its
-cover is free is *covered* at once and waits only for the gate, the budget and (when the
-cover is on another tuple) its own tuple's cap; otherwise it waits for a slot of its own
-*and* as a *candidate* of its cover, and takes the cover as soon as the cover is free.
-So requests in flight never outnumber slots, and a task holding the only slot that fans
-out requests never deadlocks: its requests take turns on its own slot.
+cover is free is *covered* at once and waits only for the gate, the budget and its
+tuple's calls; otherwise it waits for a slot of its own *and* as a *candidate* of its
+cover, and takes the cover as soon as the cover is free. So requests in flight never
+outnumber slots, and a task holding the only slot that fans out requests never
+deadlocks: its requests take turns on its own slot.
+
+Caps: two bounds (CONTRACT §9)
+------------------------------
+A tuple's cap bounds two things apart: its *slots* (permits held on it and requests on
+slots of their own; a reacquire may take it past them, as §1 says) and its *calls* (its
+requests in flight, on any slot, covered by a permit of any tuple; nothing takes it past
+them). A permit needs a slot below the cap; a request on a slot of its own needs both; a
+covered request needs only a call below the cap, whichever tuple its cover is on. So a
+request never waits for a unit that a permit holds while its holder waits for that very
+request: the calls in flight that a request waits for end whatever their holders do, and
+covered requests of a tuple all wait for the same things (its gate, its calls, its
+budget), so none holds back another of its tuple for a reason of its own. Within a tuple,
+requests take its calls and its budget in key order: covered ones stop at a request that
+wants a slot of its own, is ahead of them and may get one now.
 
 Budgets are strict within a tuple: once the budget holds back the earliest request that
 could otherwise run (the *block*), no later request of that tuple draws until the budget
@@ -113,9 +127,9 @@ class Scheduler(Lending):
     ) -> bool:
         """Whether a new request would be admitted at once (for max_queued; a pure read)."""
         if cover is not None:
-            if not state.open or (cover.tuple_state is not state and state.capped):
+            if not state.open or state.calls_full:
                 return False
-        elif not (self.active < self.limit and state.admits):
+        elif not (self.active < self.limit and state.admits_calls):
             return False
         if not state.budgeted:
             return True
@@ -184,7 +198,7 @@ class Scheduler(Lending):
             and not self._ready
             and not self._bypass
             and state.open
-            and (limit is None or state.active + state.borrowed < limit)
+            and (limit is None or state.active < limit)
         )
         if fast:  # granted at once: it never queues, so no count or line is touched
             if order is None:
@@ -252,7 +266,7 @@ class Scheduler(Lending):
             and self.active < self.limit
             and not self._ready
             and not self._bypass
-            and state.admits
+            and state.admits_calls
             and (not state.budgeted or self._would_run(state, order, tokens, None))
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
@@ -261,6 +275,7 @@ class Scheduler(Lending):
             ticket.state = GRANTED
             self.active += 1
             state.active += 1
+            state.calls += 1
             self._draw(state, ticket)
             if self.observer is not None:
                 self.observer.ended(ticket, "granted")
@@ -377,14 +392,13 @@ class Scheduler(Lending):
     def _end_request(self, ticket: RequestTicket) -> None:
         state = ticket.tuple_state
         cover = ticket.cover
+        state.calls -= 1
         if not ticket.covered or cover is None:
             self._return_slot(state)
             return
         cover.covering = None
-        if cover.tuple_state is not state:
-            state.borrowed -= 1
-            if state.limit is not None and state.active + state.borrowed == state.limit - 1:
-                self._wake_tuple(state)  # it just dropped below its cap
+        if state.limit is not None and state.calls == state.limit - 1:
+            self._wake_tuple(state)  # its calls just dropped below its cap
         if cover.deferred:
             cover.deferred = False
             self._return_slot(cover.tuple_state)

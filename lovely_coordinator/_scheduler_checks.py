@@ -75,7 +75,7 @@ def check_invariants(engine: Engine) -> None:
         assert state.tuple == model_tuple
         assert not state.idle or model_tuple in engine._idle, f"idle tuple kept: {model_tuple}"
         assert state.active >= 0
-        assert state.borrowed >= 0
+        assert state.calls >= 0
         assert state.queued >= 0
         for line in (state.permits, state.requests, state.covered):
             _check_line(line, state)
@@ -103,7 +103,7 @@ def check_invariants(engine: Engine) -> None:
         # Each runnable line (whose head is not held back) is represented in _ready.
         for line in (state.permits, state.requests):
             head = peek(line)
-            if head is None or not state.admits:
+            if head is None or not state.line_admits(line):
                 continue
             if line.kind == REQUESTS and _held_back(state, head):
                 continue
@@ -122,10 +122,7 @@ def check_invariants(engine: Engine) -> None:
             assert cover.covering is ticket, f"{ticket}: cover covers another"
         covered_head = peek(state.covered)
         if covered_head is not None and state.open:
-            cover = covered_head.cover
-            assert cover is not None
-            foreign = cover.tuple_state is not state
-            assert (foreign and state.capped) or _held_back(state, covered_head), (
+            assert state.calls_full or _held_back(state, covered_head), (
                 f"{covered_head} could run on its cover but waits"
             )
         # A held permit that covers nothing has no waiting candidate.
@@ -154,9 +151,10 @@ def check_invariants(engine: Engine) -> None:
     if engine.active < engine.limit:
         assert not bypass_live, "a reacquire could run but waits"
         for state in engine._tuples.values():
-            if not state.admits:
+            if state.admits:
+                assert peek(state.permits) is None, f"{state.tuple} permit could run but waits"
+            if not state.admits_calls:
                 continue
-            assert peek(state.permits) is None, f"{state.tuple} permit could run but waits"
             head = peek(state.requests)
             assert head is None or _held_back(state, head), (
                 f"{state.tuple} request could run but waits"

@@ -104,12 +104,9 @@ def reason(state: TupleState, ticket: Ticket, now: float) -> Reason:
         return "capacity"
     if not _gate_open(state, now):
         return "gate"
-    if ticket.covered:  # on its permit's slot: only its own tuple's cap can matter
-        cover = ticket.cover
-        if cover is not None and cover.tuple_state is not state and state.capped:
-            return "tuple_limit"
-        return "budget"
-    if state.capped:
+    if ticket.covered:  # on its permit's slot: only its tuple's calls can matter
+        return "tuple_limit" if state.calls_full else "budget"
+    if state.capped or (ticket.request and state.calls_full):
         return "tuple_limit"
     if ticket.request and _budget_holds_back(state, ticket, now):
         return "budget"

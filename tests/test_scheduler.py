@@ -12,6 +12,7 @@ fans out requests never deadlocks).
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from typing import cast
@@ -701,6 +702,21 @@ def test_bucket_arithmetic() -> None:
     assert b.available(0.5) == 5.0
 
 
+def test_issue_17_case_1_as_the_model_found_it() -> None:
+    # The liveness invariant's counterexample on the code before the fix (AgentsMachine,
+    # shrunk): caps of 1, agents holding permits on A and C; a request of A covered by
+    # C's permit, then one covered by A's own permit. Neither ever ran.
+    s, _ = make(3, tuple_limits={A: 1, C: 1})
+    on_a, on_c = enqueue(s, A), enqueue(s, C)
+    first = request(s, A, cover=on_c, order=1)
+    second = request(s, A, cover=on_a)
+    assert states(first, second) == [GRANTED, QUEUED]  # A's calls are at its cap
+    check_liveness(s, [on_a, on_c, first, second])
+    s.release(first)
+    assert second.state == GRANTED
+    s.check_invariants()
+
+
 # -- the model: the rules, brute force ------------------------------------------------------------
 # Every rule written the slow, obvious way: lists of tickets scanned in full on every step, no
 # heaps, no lazy deletion, no fast paths. The budget arithmetic is the real Bucket (tested
@@ -766,12 +782,8 @@ class Model:
             and ((r.state == GRANTED and not r.covered) or (r.deferred and not r.request))
         )
 
-    def borrowed_on(self, t: ModelTuple) -> int:
-        return sum(
-            1
-            for r in self.refs
-            if r.t == t and r.state == GRANTED and r.covered and _cover(r).t != t
-        )
+    def calls_on(self, t: ModelTuple) -> int:
+        return sum(1 for r in self.refs if r.t == t and r.request and r.state == GRANTED)
 
     @property
     def active(self) -> int:
@@ -790,7 +802,11 @@ class Model:
 
     def capped(self, t: ModelTuple) -> bool:
         cap = self.caps.get(t)
-        return cap is not None and self.slots_on(t) + self.borrowed_on(t) >= cap
+        return cap is not None and self.slots_on(t) >= cap
+
+    def calls_full(self, t: ModelTuple) -> bool:
+        cap = self.caps.get(t)
+        return cap is not None and self.calls_on(t) >= cap
 
     def admits(self, t: ModelTuple) -> bool:
         return self.is_open(t) and not self.capped(t)
@@ -867,14 +883,13 @@ class Model:
                 if r.state != QUEUED:
                     continue
                 if r.covered:
-                    foreign = _cover(r).t != r.t
-                    ok = self.is_open(r.t) and not (foreign and self.capped(r.t))
+                    ok = self.is_open(r.t) and not self.calls_full(r.t)
                     ok = ok and not self.held_back(r)
                 elif r.bypass:
                     ok = self.active < self.limit
                 else:
                     ok = self.active < self.limit and self.admits(r.t)
-                    ok = ok and not (r.request and self.held_back(r))
+                    ok = ok and not (r.request and (self.held_back(r) or self.calls_full(r.t)))
                 if ok:
                     candidates.append(r)
             if not candidates:
@@ -974,14 +989,19 @@ class SchedulerMachine(RuleBasedStateMachine):
     s: Scheduler
     m: Model
     clock: Clock
+    # Start with caps of 1 and agents already holding permits (see AgentsMachine).
+    AGENTS = False
 
     @initialize(
         limit=st.integers(1, 3),
         fresh=st.booleans(),
         max_queued=st.none() | st.integers(0, 5),
         kept=st.sampled_from([0, 1, _engine.IDLE_KEPT]),
+        agents=st.lists(st.sampled_from(TUPLES), min_size=2, max_size=4),
     )
-    def start(self, limit: int, fresh: bool, max_queued: int | None, kept: int) -> None:
+    def start(
+        self, limit: int, fresh: bool, max_queued: int | None, kept: int, agents: list[ModelTuple]
+    ) -> None:
         # ``kept``: how many idle tuples stay cached; 0 forgets each at once, so tickets
         # outlive their tuple's bookkeeping (a lend that ends, a settle after the exit).
         self.kept = _engine.IDLE_KEPT
@@ -990,6 +1010,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s = Scheduler(limit, fresh_reacquire=fresh, max_queued=max_queued, clock=self.clock)
         self.m = Model(limit, fresh=fresh, max_queued=max_queued)
         self.parkers: dict[int, FakeParker] = {}
+        if self.AGENTS:
+            self.m.limit = limit + len(agents)
+            self.s.set_limit(self.m.limit)
+            for t in TUPLES:
+                self.set_tuple_limit(t, 1)
+            for t in agents:
+                self.enqueue(t, None, True, False)
 
     def teardown(self) -> None:
         kept = getattr(self, "kept", None)
@@ -1100,9 +1127,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         m = self.m
         if covered:
             assert cover is not None
-            if not m.is_open(t) or (cover.t != t and m.capped(t)):
+            if not m.is_open(t) or m.calls_full(t):
                 return False
-        elif not (m.active < m.limit and m.admits(t)):
+        elif not (m.active < m.limit and m.admits(t) and not m.calls_full(t)):
             return False
         if not m.budgeted(t):
             return True
@@ -1422,7 +1449,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert t not in m.caps
                 continue
             assert state.active == m.slots_on(t)
-            assert state.borrowed == m.borrowed_on(t)
+            assert state.calls == m.calls_on(t)
             assert state.open == m.is_open(t)
             assert state.reopens_at == m.closed.get(t)
             assert state.limit == m.caps.get(t)
@@ -1459,6 +1486,71 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not any(
                 r.candidate and r.cover is p and r.state == QUEUED for r in self.m.refs
             ), p
+
+    @invariant()
+    def calls_never_exceed_a_cap(self) -> None:
+        # §5/§9: no request is granted on a tuple whose calls in flight are at its cap,
+        # whatever the reacquires (which may take a tuple's slots past it) and budgets did.
+        # A cap lowered below the calls in flight revokes nothing: then they only drop.
+        calls = {t: self.m.calls_on(t) for t in TUPLES}
+        before = getattr(self, "calls_before", {})
+        for t, now in calls.items():
+            cap = self.m.caps.get(t)
+            if cap is not None and now > cap:
+                assert now <= before.get(t, 0), (t, now, cap)
+        self.calls_before = calls
+
+    @invariant()
+    def every_waiter_is_eventually_granted(self) -> None:
+        check_liveness(self.s, [r.ticket for r in self.m.refs])
+
+
+def check_liveness(scheduler: Scheduler, tickets: list[Ticket]) -> None:
+    """§9's liveness, on a copy: if every closed gate opens, every budget refills, every
+    lend ends and every body that is granted ends, then every waiter is granted.
+
+    A granted permit's body ends unless its holder waits for a request the permit would
+    cover (it is that request's cover or the cover it is a candidate of). Inactive
+    reservations are activated (their holders run them); time jumps to the next wake-up
+    only when nothing else can move.
+    """
+    if not any(t.state in (INACTIVE, QUEUED) for t in tickets):
+        return
+    s, tickets = copy.deepcopy((scheduler, tickets))
+    clock = s._clock
+    assert isinstance(clock, Clock)
+    for _ in range(10 * len(tickets) + 50):
+        for state in list(s._tuples.values()):
+            if not state.open and state.reopens_at is None:
+                s.open(state.tuple)  # a gate without a timer is opened by someone
+        waiting = [t for t in tickets if t.state in (INACTIVE, QUEUED)]
+        if not waiting:
+            return
+        moved = False
+        for ticket in tickets:
+            if ticket.state == INACTIVE:
+                s.activate(ticket)
+                moved = True
+            elif ticket.state == GRANTED and not _holder_waits(ticket, tickets):
+                s.release(ticket)
+                moved = True
+            elif ticket.state == LENT:
+                while ticket.lends:
+                    s.lend_end(cast(PermitTicket, ticket), FakeParker())
+                moved = True
+        if not moved:
+            instant = s.next_wakeup()
+            assert instant is not None, f"deadlock: {waiting} wait for each other"
+            clock.now = max(clock.now, instant)
+            assert s.advance()
+    raise AssertionError(f"no end: {[t for t in tickets if t.state in (INACTIVE, QUEUED)]}")
+
+
+def _holder_waits(ticket: Ticket, tickets: list[Ticket]) -> bool:
+    """Whether a granted permit's holder waits for a request it would cover."""
+    return not ticket.request and any(
+        t.request and t.state == QUEUED and t.cover is ticket for t in tickets
+    )
 
 
 def _set_idle_kept(kept: int) -> None:
@@ -1534,3 +1626,18 @@ SchedulerMachine.TestCase.settings = settings(
     deadline=None,
 )
 test_scheduler_matches_the_model = pytest.mark.slow(SchedulerMachine.TestCase)
+
+
+class AgentsMachine(SchedulerMachine):
+    """The shape of issue 17's deadlock: caps of 1, agents each holding a permit on one
+    tuple and requesting others (and their own), among every other step."""
+
+    AGENTS = True
+
+
+AgentsMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("SCHEDULER_EXAMPLES", "400")) // 2,
+    stateful_step_count=60,
+    deadline=None,
+)
+test_agents_sharing_capped_tuples_never_deadlock = pytest.mark.slow(AgentsMachine.TestCase)

@@ -46,7 +46,7 @@ def fingerprint(s: Scheduler) -> Any:
             lines,
             buckets,
             dict(state.inactive or {}),
-            (state.active, state.queued, state.lent, state.borrowed, state.open),
+            (state.active, state.queued, state.lent, state.calls, state.open),
             (state.block, state.block_until, state.reopens_at, state.limit),
         )
     return (
@@ -113,7 +113,7 @@ def test_a_reacquire_waits_for_capacity() -> None:
 def test_a_covered_request_waits_for_its_own_tuples_cap() -> None:
     s = Scheduler(2, {B: 1})
     cover = s.enqueue(A, None, True, False)
-    on_b = s.enqueue(B, None, True, False)  # B at its cap
+    on_b = s.enqueue_request(B, None, False, 0, None)  # B's calls at its cap
     assert on_b.state == GRANTED
     covered = s.enqueue_request(B, None, False, 0, cover)
     assert covered.covered

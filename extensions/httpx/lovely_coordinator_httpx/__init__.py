@@ -1,6 +1,7 @@
 """An httpx transport that sends each model request through ``coordinator.request()``.
 
-:class:`CoordinatedTransport` maps each request to its ``(provider, model)`` tuple and its
+:class:`CoordinatedTransport` (and its sync twin :class:`CoordinatedSyncTransport`, for sync
+clients in any number of threads) maps each model call to its ``(provider, model)`` tuple and its
 token estimate, holds one model request of the coordinator for it until the response body
 is closed (streams included), settles it from the usage the body reports, learns the
 tuple's budget from the rate-limit headers, and retries 429s after the tuple's gate (closed
@@ -10,6 +11,7 @@ It is built on ``httpx2``, the HTTP client of current openai and anthropic SDKs;
 transport for clients of the older ``httpx`` is in :mod:`lovely_coordinator_httpx.legacy`.
 """
 
+from ._transport import CoordinatedSyncTransport as CoordinatedSyncTransport
 from ._transport import CoordinatedTransport as CoordinatedTransport
 from ._tuples import DEFAULT_PROVIDERS as DEFAULT_PROVIDERS
 from ._tuples import RequestLike as RequestLike
@@ -17,6 +19,7 @@ from ._tuples import TupleFor as TupleFor
 from ._tuples import tuple_for_request as tuple_for_request
 
 __all__ = [
+    "CoordinatedSyncTransport",
     "CoordinatedTransport",
     "DEFAULT_PROVIDERS",
     "RequestLike",

@@ -1,145 +1,63 @@
-"""What a coordinated transport does around one request, for either httpx generation.
+"""The shells around the flow: a gate's settings, and how each kind of transport performs
+the flow's steps (``_flow``) — with ``await`` for async clients, blocking for sync ones.
 
-``httpx2`` (what current openai / anthropic SDKs ship with) and the older ``httpx`` have
-the same request and response shapes but separate classes. Everything that decides
-something lives here, written against those shapes; the transports in ``_transport`` and
-``legacy`` only adapt their library's classes (how to wrap a response body).
-
-One request, from the top:
-
-1. Its tuple (``tuple_for``) and token estimate (``estimate_tokens`` of its JSON body).
-2. ``coordinator.request(t, tokens=estimate)``: admitted in acceptance order once the
-   gate is open, the budget holds it and a slot covers it.
-3. Sent. The response's rate-limit headers teach the handler the tuple's budget.
-4. A 429: the gate closes (the handler), the call is given back (``settle(0)``; the slot
-   goes back as the request context exits), and the request is admitted again with its
-   first acceptance order, so it waits for the reopen at the head of the line, holding no
-   slot, and is sent again; after ``max_attempts`` the 429 goes to the caller. No other
-   status is ever retried. A request whose ``request()`` joined an enclosing one of the
-   same task (a ``CoordinatedModel`` above it) leaves the retry to that layer.
-5. Otherwise the response goes to the caller with its body wrapped: the usage it reports
-   (``UsageMeter``, fed as the caller reads) settles the charge, and the request context
-   exits when the body is closed, whichever task closes it.
+Both httpx generations have the same request, response and stream shapes but separate
+classes; :func:`watchers` builds the metered body streams for one generation's classes,
+so a transport module only names its library.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
 from lovely_coordinator_limits import (
-    Draw,
     ModelTupleLike,
     ProviderLimitHandler,
     Tokenizer,
     UsageMeter,
     as_model_tuple,
     estimate_tokens,
-    is_limit_status,
-    retry_delay,
 )
 
-from lovely_coordinator import AgentCoordinator, InvalidArgumentError, get_agent_coordinator
+from lovely_coordinator import (
+    AdmissionTimeoutError,
+    AgentCoordinator,
+    InvalidArgumentError,
+    UsageError,
+    get_agent_coordinator,
+)
 from lovely_coordinator._requests import current_request_var
 
+from ._flow import Admit, Admitted, Call, Discard, Read, ResponseLike, Send, Step, exchange
+from ._flow import pool_timeout as pool_timeout_of
 from ._tuples import RequestLike, tuple_for_request
 
-__all__ = ["Call", "Chunks", "Gate", "GatedTransport", "ResponseLike"]
+__all__ = ["AsyncGated", "Gate", "SyncGated", "Watch", "watchers"]
 
-_log = logging.getLogger("lovely_coordinator.httpx")
-
-# Error statuses whose body is read to tell a billing or quota refusal from other client
-# errors. Server errors (5xx) are never limits, so their bodies are left to the caller.
-_CLIENT_ERRORS = range(400, 500)
 _ATTEMPTS_MESSAGE = "max_attempts must be a positive integer"
-
-
-class ResponseLike(Protocol):
-    """The part of an httpx / httpx2 ``Response`` the gate uses."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def is_closed(self) -> bool: ...
-
-    async def aread(self) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
 
 RequestT = TypeVar("RequestT", bound=RequestLike)
 ResponseT = TypeVar("ResponseT", bound=ResponseLike)
 _RequestIn = TypeVar("_RequestIn", bound=RequestLike, contravariant=True)
 _ResponseOut = TypeVar("_ResponseOut", bound=ResponseLike, covariant=True)
 
-
-class _Inner(Protocol[_RequestIn, _ResponseOut]):
-    """The wrapped transport."""
-
-    async def handle_async_request(self, request: _RequestIn, /) -> _ResponseOut: ...
-
-    async def aclose(self) -> None: ...
-
-
-@final
-class Call:
-    """One admitted attempt: its request context, its draw, the usage of its body.
-
-    :meth:`close` runs once, from whichever task ends the attempt (the one that closes a
-    streamed body, say): it settles the charge from the usage read, stops tracking the
-    draw if this layer owns it, and exits the request context (shielded).
-    """
-
-    def __init__(
-        self, context: Any, draw: Draw, owner: bool, handler: ProviderLimitHandler
-    ) -> None:
-        self._context = context
-        self.draw = draw
-        self.owner = owner
-        self._handler = handler
-        self._meter: UsageMeter | None = None
-        self._closed = False
-
-    def meter(self, content_type: str) -> UsageMeter:
-        """Start reading the body's usage (for a response of ``content_type``)."""
-        self._meter = UsageMeter(content_type)
-        return self._meter
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            usage = self._meter.usage() if self._meter is not None else None
-            if usage is not None:
-                self.draw.settle(usage.total)
-        finally:
-            if self.owner:
-                self._handler.finish(self.draw)
-            with anyio.CancelScope(shield=True):
-                await self._context.__aexit__(None, None, None)
+Watch = Callable[[Any, Call], bool]
+"""Wraps a response's body so that reading it feeds the call's meter and closing it ends
+the call; ``False`` when the body is not a stream it can wrap."""
 
 
 @final
 class Gate(Generic[RequestT, ResponseT]):
-    """Sends each request through ``coordinator.request()`` (see the module docstring).
+    """A transport's settings, and the flow of each of its requests.
 
     Args:
         coordinator: admits the requests (default: the process-global one).
         handler: closes gates and learns budgets (default: the coordinator's shared one).
         tuple_for: request → tuple, or ``None`` to send it unscheduled.
         providers: host → provider names for the default mapping.
-        watch: wraps a response's body so that reading it feeds the call's meter and
-            closing it closes the call; returns ``False`` when it cannot.
+        watch: the transport kind's body wrapper (see :data:`Watch`).
         reject_on_closed_tuple: passed to ``request()``; such requests are never retried.
         max_attempts: sends of one request that a 429 may take, an int ≥ 1.
         learn_budgets: whether responses' rate-limit headers set budgets.
@@ -155,7 +73,7 @@ class Gate(Generic[RequestT, ResponseT]):
         handler: ProviderLimitHandler | None,
         tuple_for: Callable[[RequestT], ModelTupleLike | None] | None,
         providers: Mapping[str, str],
-        watch: Callable[[ResponseT, Call], bool],
+        watch: Watch,
         *,
         reject_on_closed_tuple: bool,
         max_attempts: int,
@@ -178,157 +96,46 @@ class Gate(Generic[RequestT, ResponseT]):
 
         self._tuple_for = tuple_for
         self._watch = watch
-        self._reject = reject_on_closed_tuple
+        self.reject = reject_on_closed_tuple
         self.max_attempts = max_attempts
-        self._learn = learn_budgets
+        self.learn = learn_budgets
         self._tokenizer = tokenizer
 
-    async def send(
-        self, request: RequestT, send: Callable[[RequestT], Awaitable[ResponseT]]
-    ) -> ResponseT:
-        """``send(request)`` through ``coordinator.request()``, retrying 429s."""
+    def watch(self, response: ResponseT, call: Call) -> bool:
+        return self._watch(response, call)
+
+    def flow(self, request: RequestT) -> Generator[Step, Any, ResponseT]:
+        """The steps of sending ``request`` (see ``_flow``)."""
         found = self._tuple_for(request)
         if found is None:
-            return await send(request)
+            return exchange(self, None, 0, None)
         t = as_model_tuple(found)
-        estimate = self._estimate(request)
-        order: int | None = None
-        previous: object = None
-        refused: ResponseT | None = None
-        for attempt in range(1, self.max_attempts + 1):
-            context = self.coordinator.request(
-                t, tokens=estimate, acceptance_order=order, reject_on_closed_tuple=self._reject
-            )
-            outside = current_request_var.get()
-            model_request = await context.__aenter__()
-            # The request context stays open after this returns (a streamed body), but the
-            # caller's code is not inside it: left current, it would make the task's next
-            # call of this tuple join this one (two calls, one slot, one draw). Its exit,
-            # later, restores this same value.
-            current_request_var.set(outside)
-            try:
-                draw, owner = self.handler.track(model_request)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await context.__aexit__(None, None, None)
-                raise
-            call = Call(context, draw, owner, self.handler)
-            if model_request is previous:
-                # Joined an enclosing request of this task: the layer above owns it, and
-                # retries it (another handler than ours did not tell us so earlier).
-                await call.close()
-                assert refused is not None
-                return refused
-            response, limited = await self._attempt(t, request, send, call)
-            if response.status_code != 429 or not limited or not owner or self._reject:
-                return response
-            refused, previous, order = response, model_request, model_request.acceptance_order
-            await call.close()  # the slot goes back; waiting for the reopen holds none
-            if attempt < self.max_attempts:
-                _log.debug(
-                    "%s/%s: HTTP 429, sending again after the reopen (attempt %d of %d)",
-                    t.provider,
-                    t.model,
-                    attempt + 1,
-                    self.max_attempts,
-                )
-        _log.info(
-            "%s/%s: HTTP 429 after %d attempts, passed to the caller",
-            t.provider,
-            t.model,
-            self.max_attempts,
-        )
-        assert refused is not None
-        return refused
-
-    async def _attempt(
-        self,
-        t: Any,
-        request: RequestT,
-        send: Callable[[RequestT], Awaitable[ResponseT]],
-        call: Call,
-    ) -> tuple[ResponseT, bool]:
-        """Send once: the response with its body watched (or read, if an error), and
-        whether it was a provider limit (its tuple's gate is closed now)."""
-        draw, handler = call.draw, self.handler
-        try:
-            response = await send(request)
-        except BaseException as exc:
-            try:
-                if isinstance(exc, Exception):
-                    handler.observe(t, exc, started_at=draw.started_at)
-            finally:
-                # The provider may have processed it: the estimate stays charged.
-                await call.close()
-            raise
-        try:
-            if self._learn:
-                handler.learn(draw, response.headers)
-            limited = await self._inspect(t, response, draw)
-        except BaseException:
-            try:
-                # Shielded: a cancelled caller still hands the connection back to the pool.
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
-            finally:
-                await call.close()
-            raise
-        if response.is_closed or not self._watch(response, call):
-            await call.close()  # nothing left to stream (or nothing we can watch)
-        return response, limited
-
-    async def _inspect(self, t: Any, response: ResponseT, draw: Draw) -> bool:
-        status = response.status_code
-        if status in _CLIENT_ERRORS:
-            # Error bodies are small; reading one closes it (the call then ends at once).
-            await response.aread()
-            if is_limit_status(status, response.text):
-                draw.refused()
-                self.handler.report_limit(
-                    t,
-                    retry_after=retry_delay(response),
-                    started_at=draw.started_at,
-                    reason=f"HTTP {status}",
-                )
-                return True
-            draw.settle(0)  # refused as malformed or unauthorized: nothing generated
-        elif status >= 400:
-            draw.settle(0)  # a server error: nothing generated, and never retried
-        else:
-            self.handler.report_success(t, started_at=draw.started_at)
-        return False
-
-    def _estimate(self, request: RequestT) -> int:
         try:
             content = request.content
         except Exception:  # RequestNotRead (of either httpx): a streaming upload
-            return 0
-        return estimate_tokens(content, self._tokenizer)
+            estimate = 0
+        else:
+            estimate = estimate_tokens(content, self._tokenizer)
+        return exchange(self, t, estimate, pool_timeout_of(request))
 
 
-@final
-class Chunks:
-    """The wrapped body's iterator, feeding the meter (a class, not an async generator:
-    nothing of ours is left to finalize when a reader abandons the body half-way)."""
+class _AsyncInner(Protocol[_RequestIn, _ResponseOut]):
+    async def handle_async_request(self, request: _RequestIn, /) -> _ResponseOut: ...
 
-    def __init__(self, chunks: AsyncIterator[bytes], meter: UsageMeter) -> None:
-        self._chunks = chunks
-        self._meter = meter
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._chunks.__anext__()
-        self._meter.feed(chunk)
-        return chunk
+    async def aclose(self) -> None: ...
 
 
-class GatedTransport(Generic[RequestT, ResponseT]):
-    """The transport methods both generations share; subclasses set ``_gate``, ``_inner``."""
+class _SyncInner(Protocol[_RequestIn, _ResponseOut]):
+    def handle_request(self, request: _RequestIn, /) -> _ResponseOut: ...
+
+    def close(self) -> None: ...
+
+
+class _Shared(Generic[RequestT, ResponseT]):
+    """What every transport kind exposes; subclasses set ``_gate`` and ``_pool_timeout``."""
 
     _gate: Gate[RequestT, ResponseT]
-    _inner: _Inner[RequestT, ResponseT]
+    _pool_timeout: type[Exception]  # the library's PoolTimeout
 
     @property
     def coordinator(self) -> AgentCoordinator:
@@ -345,15 +152,284 @@ class GatedTransport(Generic[RequestT, ResponseT]):
         """How many times one request may be sent when the provider answers 429."""
         return self._gate.max_attempts
 
+    def _timed_out(self, step: Admit, request: RequestT) -> Exception:
+        message = (
+            f"{step.t.provider}/{step.t.model}: not admitted by the coordinator within the "
+            f"pool timeout ({step.timeout:g} s)"
+        )
+        return self._pool_timeout(message, request=request)  # type: ignore[call-arg]
+
+
+class AsyncGated(_Shared[RequestT, ResponseT]):
+    """The async transports: each step awaited."""
+
+    _inner: _AsyncInner[RequestT, ResponseT]
+    _sync_name: str  # the sync transport to use instead, for the error message
+
     async def handle_async_request(self, request: RequestT) -> ResponseT:
         """Send ``request`` through the coordinator (see ``CoordinatedTransport``).
 
         Raises:
+            PoolTimeout: not admitted within the request's ``pool`` timeout.
             TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
             CoordinatorBusyError: the coordinator's ``max_queued`` waiters already wait.
         """
-        return await self._gate.send(request, self._inner.handle_async_request)
+        flow = self._gate.flow(request)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                result: ResponseT = stop.value
+                return result
+            value = error = None
+            try:
+                value = await self._perform(step, request)
+            except BaseException as exc:  # thrown into the flow, which cleans up
+                error = exc
+
+    async def _perform(self, step: Step, request: RequestT) -> Any:
+        if isinstance(step, Send):
+            return await self._inner.handle_async_request(request)
+        if isinstance(step, Admit):
+            return await self._admit(step, request)
+        if isinstance(step, Read):
+            return await step.response.aread()
+        assert isinstance(step, Discard)
+        # Shielded: a cancelled caller still hands the connection back to the pool.
+        with anyio.CancelScope(shield=True):
+            await step.response.aclose()
+        return None
+
+    async def _admit(self, step: Admit, request: RequestT) -> Admitted:
+        gate = self._gate
+        context = gate.coordinator.request(
+            step.t,
+            tokens=step.tokens,
+            acceptance_order=step.order,
+            reject_on_closed_tuple=gate.reject,
+        )
+        outside = current_request_var.get()
+        try:
+            with anyio.fail_after(step.timeout):
+                model_request = await context.__aenter__()
+        except TimeoutError:
+            raise self._timed_out(step, request) from None
+        # The request context stays open after this returns (a streamed body), but the
+        # caller's code is not inside it: left current, it would make the task's next
+        # call of this tuple join this one (two calls, one slot, one draw). Its exit,
+        # later, restores this same value.
+        current_request_var.set(outside)
+        return Admitted(model_request, lambda: _exit_now(context))
+
+    def handle_request(self, request: object) -> Any:
+        """A sync client called this async transport: it says which one to use."""
+        raise self._wrong_client()
+
+    def __enter__(self) -> Any:
+        """A sync client entered this async transport: it says which one to use."""
+        raise self._wrong_client()
+
+    def close(self) -> None:
+        """A sync client closes what it could never use: nothing to do."""
+
+    def _wrong_client(self) -> UsageError:
+        name = type(self).__name__
+        return UsageError(
+            f"{name} serves async clients (httpx2.AsyncClient, openai.AsyncOpenAI, "
+            f"anthropic.AsyncAnthropic); a sync client needs {self._sync_name}"
+        )
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self._inner.aclose()
+
+
+class SyncGated(_Shared[RequestT, ResponseT]):
+    """The sync transports: each step blocks its thread (admission: ``request_sync``)."""
+
+    _inner: _SyncInner[RequestT, ResponseT]
+    _async_name: str  # the async transport to use instead, for the error message
+
+    def handle_request(self, request: RequestT) -> ResponseT:
+        """Send ``request`` through the coordinator (see ``CoordinatedSyncTransport``).
+
+        Raises:
+            PoolTimeout: not admitted within the request's ``pool`` timeout.
+            TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
+            CoordinatorBusyError: the coordinator's ``max_queued`` waiters already wait.
+            UsageError: called in a thread that runs an event loop (blocking it could
+                stop the very release the call waits for): use the async transport.
+        """
+        flow = self._gate.flow(request)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                result: ResponseT = stop.value
+                return result
+            value = error = None
+            try:
+                value = self._perform(step, request)
+            except BaseException as exc:  # thrown into the flow, which cleans up
+                error = exc
+
+    def _perform(self, step: Step, request: RequestT) -> Any:
+        if isinstance(step, Send):
+            return self._inner.handle_request(request)
+        if isinstance(step, Admit):
+            gate = self._gate
+            context = gate.coordinator.request_sync(
+                step.t,
+                tokens=step.tokens,
+                acceptance_order=step.order,
+                reject_on_closed_tuple=gate.reject,
+                timeout=step.timeout,
+            )
+            try:
+                model_request = context.__enter__()
+            except AdmissionTimeoutError:
+                raise self._timed_out(step, request) from None
+            return Admitted(model_request, lambda: context.__exit__(None, None, None))
+        if isinstance(step, Read):
+            return step.response.read()
+        assert isinstance(step, Discard)
+        step.response.close()
+        return None
+
+    async def handle_async_request(self, request: object) -> Any:
+        """An async client called this sync transport: it says which one to use."""
+        raise self._wrong_client()
+
+    async def __aenter__(self) -> Any:
+        """An async client entered this sync transport: it says which one to use."""
+        raise self._wrong_client()
+
+    async def aclose(self) -> None:
+        """An async client closes it: the wrapped transport is closed (that never waits)."""
+        self._inner.close()
+
+    def _wrong_client(self) -> UsageError:
+        name = type(self).__name__
+        return UsageError(
+            f"{name} serves sync clients (httpx2.Client, openai.OpenAI, anthropic.Anthropic); "
+            f"an async client needs {self._async_name}"
+        )
+
+    def close(self) -> None:
+        """Close the wrapped transport."""
+        self._inner.close()
+
+
+def _exit_now(context: Any) -> None:
+    # A request context's exit never waits (it releases under the coordinator's lock), so
+    # it can run where nothing may be awaited: a sync close, a finalizer.
+    step = context.__aexit__(None, None, None)
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()  # pragma: no cover - the core's exit never suspends
+    raise AssertionError("a request context's exit waited")  # pragma: no cover
+
+
+# -- metered bodies ------------------------------------------------------------------------------
+
+
+@final
+class _Chunks:
+    """An async body's iterator, feeding the meter (a class, not an async generator:
+    nothing of ours is left to finalize when a reader abandons the body half-way)."""
+
+    __slots__ = ("_chunks", "_meter")
+
+    def __init__(self, chunks: AsyncIterator[bytes], meter: UsageMeter) -> None:
+        self._chunks = chunks
+        self._meter = meter
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._chunks.__anext__()
+        self._meter.feed(chunk)
+        return chunk
+
+
+@final
+class _SyncChunks:
+    """A sync body's iterator, feeding the meter."""
+
+    __slots__ = ("_chunks", "_meter")
+
+    def __init__(self, chunks: Iterator[bytes], meter: UsageMeter) -> None:
+        self._chunks = chunks
+        self._meter = meter
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        chunk = next(self._chunks)
+        self._meter.feed(chunk)
+        return chunk
+
+
+def watchers(library: Any) -> tuple[Watch, Watch]:
+    """The async and sync body wrappers for ``library`` (``httpx2`` or ``httpx``), whose
+    responses accept only its own stream classes."""
+
+    class Metered(library.AsyncByteStream):  # type: ignore[misc]
+        """A response body whose chunks feed the call's meter; closing it ends the call."""
+
+        def __init__(self, stream: Any, meter: UsageMeter, call: Call) -> None:
+            self._stream = stream
+            self._meter = meter
+            self._call = call
+
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return _Chunks(self._stream.__aiter__(), self._meter)
+
+        async def aclose(self) -> None:
+            try:
+                # Shielded so a cancelled reader still hands its connection back to the pool.
+                with anyio.CancelScope(shield=True):
+                    await self._stream.aclose()
+            finally:
+                self._call.close()
+
+    class MeteredSync(library.SyncByteStream):  # type: ignore[misc]
+        """The same for a sync client's body."""
+
+        def __init__(self, stream: Any, meter: UsageMeter, call: Call) -> None:
+            self._stream = stream
+            self._meter = meter
+            self._call = call
+
+        def __iter__(self) -> Iterator[bytes]:
+            return _SyncChunks(iter(self._stream), self._meter)
+
+        def close(self) -> None:
+            try:
+                self._stream.close()
+            finally:
+                self._call.close()
+
+    def watch_async(response: Any, call: Call) -> bool:
+        stream = response.stream
+        if not isinstance(stream, library.AsyncByteStream):
+            return False
+        response.stream = Metered(stream, call.meter(response.headers), call)
+        return True
+
+    def watch_sync(response: Any, call: Call) -> bool:
+        stream = response.stream
+        if not isinstance(stream, library.SyncByteStream):
+            return False
+        response.stream = MeteredSync(stream, call.meter(response.headers), call)
+        return True
+
+    return watch_async, watch_sync

@@ -1,38 +1,42 @@
-"""CoordinatedTransport: every model request goes through ``coordinator.request()``."""
+"""CoordinatedTransport and CoordinatedSyncTransport: every model request goes through
+the coordinator, for ``httpx2`` clients (async and sync)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import final
 
-import anyio
 import httpx2
-from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer, UsageMeter
+from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
 
 from lovely_coordinator import AgentCoordinator
 
-from ._gate import Call, Chunks, Gate, GatedTransport
+from ._gate import AsyncGated, Gate, SyncGated, watchers
 from ._tuples import DEFAULT_PROVIDERS, TupleFor
 
-__all__ = ["CoordinatedTransport"]
+__all__ = ["CoordinatedSyncTransport", "CoordinatedTransport"]
+
+_WATCH_ASYNC, _WATCH_SYNC = watchers(httpx2)
 
 
 @final
-class CoordinatedTransport(
-    GatedTransport[httpx2.Request, httpx2.Response], httpx2.AsyncBaseTransport
-):
+class CoordinatedTransport(AsyncGated[httpx2.Request, httpx2.Response], httpx2.AsyncBaseTransport):
     """An httpx2 transport that sends each model request through the coordinator.
 
-    Each request is mapped to a ``(provider, model)`` tuple (by default: the provider from
-    the host, the model from the JSON body's ``model``, see :func:`tuple_for_request`) and
-    sent as one ``coordinator.request(t, tokens=estimate)``: admitted in acceptance order
-    once the tuple's gate is open, its budget holds the request and its estimated tokens
-    (the prompt's characters / 4, or ``tokenizer``, plus the body's output limit) and a
-    slot covers it — the task's current permit when that covers no other call at the
-    moment, otherwise a slot of its own, so calls fanned out under one permit never exceed
-    the caps. The request context lasts until the response body is closed (a streamed
-    completion counts for as long as it streams), and the usage the body reports settles
-    the charge. A request that names no model is sent unscheduled.
+    Each model call is mapped to a ``(provider, model)`` tuple (by default: the provider
+    from the host and path, the model from the JSON body's ``model``, see
+    :func:`tuple_for_request`; other requests, such as model listings or token counts, are
+    sent unscheduled) and sent as one ``coordinator.request(t, tokens=estimate)``:
+    admitted in acceptance order once the tuple's gate is open, its budget holds the
+    request and its estimated tokens (the prompt's characters / 4, or ``tokenizer``, plus
+    the body's output limit) and a slot covers it — the task's current permit when that
+    covers no other call at the moment, otherwise a slot of its own, so calls fanned out
+    under one permit never exceed the caps. The wait for admission is bounded by the
+    request's ``pool`` timeout (the client's ``timeout``): past it the call raises
+    ``httpx2.PoolTimeout`` (the SDKs' ``APITimeoutError``), having drawn nothing. The
+    request context lasts until the response body is closed (a streamed completion counts
+    for as long as it streams), or until the response object is dropped unclosed; the usage
+    the body reports (decoded from its ``content-encoding``) settles the charge.
 
     Responses teach the shared :class:`~lovely_coordinator_limits.ProviderLimitHandler`:
     their rate-limit headers set the tuple's budget (unless ``set_budget`` set one) and
@@ -44,8 +48,8 @@ class CoordinatedTransport(
     waits for the gate to reopen keeping its acceptance order, and is sent again, up to
     ``max_attempts`` sends; then the 429 goes to the caller. Nothing else is retried.
     Turn the SDK's own retries off (``max_retries=0``) so that no retry waits holding a
-    slot. For a client of the older ``httpx`` use
-    :class:`lovely_coordinator_httpx.legacy.CoordinatedTransport`.
+    slot. For sync clients use :class:`CoordinatedSyncTransport`; for clients of the older
+    ``httpx``, :mod:`lovely_coordinator_httpx.legacy`.
 
     Args:
         coordinator: defaults to the process-global ``get_agent_coordinator()``.
@@ -67,6 +71,9 @@ class CoordinatedTransport(
         InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
 
+    _pool_timeout = httpx2.PoolTimeout
+    _sync_name = "lovely_coordinator_httpx.CoordinatedSyncTransport"
+
     def __init__(
         self,
         coordinator: AgentCoordinator | None = None,
@@ -80,46 +87,58 @@ class CoordinatedTransport(
         learn_budgets: bool = True,
         tokenizer: Tokenizer | None = None,
     ) -> None:
-        gate = Gate(
+        self._gate = Gate(
             coordinator,
             handler,
             tuple_for,
             providers,
-            _watch,
+            _WATCH_ASYNC,
             reject_on_closed_tuple=reject_on_closed_tuple,
             max_attempts=max_attempts,
             learn_budgets=learn_budgets,
             tokenizer=tokenizer,
         )
-        self._gate = gate
         self._inner = transport if transport is not None else httpx2.AsyncHTTPTransport()
 
 
-def _watch(response: httpx2.Response, call: Call) -> bool:
-    stream = response.stream
-    if not isinstance(stream, httpx2.AsyncByteStream):
-        return False
-    meter = call.meter(response.headers.get("content-type", ""))
-    response.stream = _MeteredStream(stream, meter, call)
-    return True
-
-
 @final
-class _MeteredStream(httpx2.AsyncByteStream):
-    """A response body whose chunks feed the call's meter; closing it ends the call."""
+class CoordinatedSyncTransport(SyncGated[httpx2.Request, httpx2.Response], httpx2.BaseTransport):
+    """:class:`CoordinatedTransport` for sync clients (``httpx2.Client``, ``openai.OpenAI``,
+    ``anthropic.Anthropic``), called from any number of threads.
 
-    def __init__(self, stream: httpx2.AsyncByteStream, meter: UsageMeter, call: Call) -> None:
-        self._stream = stream
-        self._meter = meter
-        self._call = call
+    The same admission, 429 park-and-retry, header learning and settle, on the same
+    coordinator and handler, in the same line as async callers: each call blocks its own
+    thread while it waits (``coordinator.request_sync``), bounded by the request's
+    ``pool`` timeout. Same arguments; ``transport`` defaults to ``httpx2.HTTPTransport()``.
+    A call made from a thread that runs an event loop raises ``UsageError`` (blocking that
+    loop could stop the very release it waits for): use the async client there.
+    """
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return Chunks(self._stream.__aiter__(), self._meter)
+    _pool_timeout = httpx2.PoolTimeout
+    _async_name = "lovely_coordinator_httpx.CoordinatedTransport"
 
-    async def aclose(self) -> None:
-        try:
-            # Shielded so a cancelled reader still hands its connection back to the pool.
-            with anyio.CancelScope(shield=True):
-                await self._stream.aclose()
-        finally:
-            await self._call.close()
+    def __init__(
+        self,
+        coordinator: AgentCoordinator | None = None,
+        *,
+        transport: httpx2.BaseTransport | None = None,
+        handler: ProviderLimitHandler | None = None,
+        tuple_for: TupleFor | None = None,
+        providers: Mapping[str, str] = DEFAULT_PROVIDERS,
+        reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+        learn_budgets: bool = True,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self._gate = Gate(
+            coordinator,
+            handler,
+            tuple_for,
+            providers,
+            _WATCH_SYNC,
+            reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
+            learn_budgets=learn_budgets,
+            tokenizer=tokenizer,
+        )
+        self._inner = transport if transport is not None else httpx2.HTTPTransport()

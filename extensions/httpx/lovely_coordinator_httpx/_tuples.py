@@ -48,37 +48,83 @@ DEFAULT_PROVIDERS: Mapping[str, str] = {
     "api.x.ai": "xai",
     "openrouter.ai": "openrouter",
 }
-"""Known API hosts and the provider names they map to; other hosts name themselves."""
+"""Known API hosts and the provider names they map to.
+
+A host not listed is named by the API its path has when that API is one provider's own
+(``/v1/messages`` is Anthropic's, ``:generateContent`` Gemini's), and otherwise by itself
+(OpenAI's paths are served by many providers). A key may also be a host with a path
+prefix (``"127.0.0.1/v1/messages"``), the longest match winning, for one server that
+serves several providers' APIs.
+"""
 
 _JSON_OBJECT_STARTS = frozenset({b"{", b" ", b"\t", b"\r", b"\n"})
 # Gemini puts the model in the path: /v1beta/models/{model}:generateContent.
 _MODELS_SEGMENT = "/models/"
+# Gemini's actions that are model calls (``:countTokens`` and the like are not).
+_GEMINI_CALLS = frozenset(
+    {"generateContent", "streamGenerateContent", "embedContent", "batchEmbedContents", "predict"}
+)
+# Endpoints whose body names a model but that are no model call: Anthropic's
+# /v1/messages/count_tokens, OpenAI's /v1/responses/input_tokens.
+_NOT_CALLS = frozenset({"count_tokens", "input_tokens"})
+_ANTHROPIC_PATH = "/v1/messages"
 
 
 def tuple_for_request(
     request: RequestLike, providers: Mapping[str, str] = DEFAULT_PROVIDERS
 ) -> ModelTuple | None:
-    """The default mapping: provider from the host, model from the JSON body or the path.
+    """The default mapping: provider from the host and path, model from the body or path.
+
+    Only model calls are scheduled: a ``POST`` whose JSON body (or Gemini path) names a
+    model, except endpoints that only count tokens (Anthropic's
+    ``/v1/messages/count_tokens``, OpenAI's ``/v1/responses/input_tokens``, Gemini's
+    ``:countTokens``).
 
     Args:
         request: the outgoing request.
-        providers: host → provider name; a host not listed is its own provider name.
+        providers: host (or host + path prefix) → provider name; see
+            :data:`DEFAULT_PROVIDERS` for hosts not listed.
 
     Returns:
-        The tuple, or ``None`` when the request names no model (listing models, uploading
-        files, ...): such requests are sent unscheduled.
+        The tuple, or ``None`` when the request is no model call (listing models,
+        uploading files, counting tokens, ...): such requests are sent unscheduled.
     """
     host = request.url.host
     if not host or request.method != "POST":
         return None
-    model = _model_from_body(request) or _model_from_path(request.url.path)
+    path = request.url.path
+    action = path.rpartition("/")[2]
+    if ":" in action:
+        if action.partition(":")[2] not in _GEMINI_CALLS:
+            return None
+    elif action in _NOT_CALLS:
+        return None
+    model = _model_from_body(request) or _model_from_path(path)
     if not model:
         return None
-    provider = providers.get(host, host)
+    provider = _provider(host, path, providers)
     try:
         return ModelTuple(provider, model)
     except ValueError:  # a NUL byte in a model name: not ours to schedule
         return None
+
+
+def _provider(host: str, path: str, providers: Mapping[str, str]) -> str:
+    best, best_length = None, -1
+    for key, name in providers.items():
+        key_host, slash, prefix = key.partition("/")
+        if key_host != host:
+            continue
+        prefix = slash + prefix
+        if path.startswith(prefix) and len(prefix) > best_length:
+            best, best_length = name, len(prefix)
+    if best is not None:
+        return best
+    if path == _ANTHROPIC_PATH or path.endswith(_ANTHROPIC_PATH):
+        return "anthropic"
+    if _MODELS_SEGMENT in path and ":" in path.rpartition("/")[2]:
+        return "google"
+    return host
 
 
 def _model_from_body(request: RequestLike) -> str | None:

@@ -32,10 +32,15 @@ def test_the_readme_has_its_examples() -> None:
 
 
 def test_the_example_keeps_fanned_out_calls_within_the_cap() -> None:
-    (example,) = BLOCKS
+    example, _ = BLOCKS
     lines = _run(example).splitlines()
     assert lines[:2] == ["at the provider, at most 4 calls at once", "claude says ok"]
     prefix, _, rest = lines[2].partition(": ")
     assert prefix == "learned budget left"
     left = float(rest.split()[0])
     assert 580 <= left <= 600
+
+
+def test_the_threads_example_keeps_sync_calls_within_the_cap() -> None:
+    _, example = BLOCKS
+    assert _run(example).splitlines() == ["16 answers, at most 3 at once"]

@@ -40,6 +40,18 @@ def _post(url: str, payload: object) -> httpx2.Request:
         ("https://api.openai.com/v1/chat/completions", {"model": ""}, None),
         ("https://api.openai.com/v1/chat/completions", {"model": "a\0b"}, None),
         ("https://api.openai.com/v1/chat/completions", ["model"], None),
+        ("http://127.0.0.1:8000/v1/messages", {"model": "c"}, ("anthropic", "c")),
+        ("http://127.0.0.1:8000/proxy/v1/messages", {"model": "c"}, ("anthropic", "c")),
+        ("http://127.0.0.1/v1beta/models/gemini:generateContent", {}, ("google", "gemini")),
+        ("https://api.anthropic.com/v1/messages/count_tokens", {"model": "c"}, None),
+        ("https://api.openai.com/v1/responses/input_tokens", {"model": "g"}, None),
+        ("https://api.openai.com/v1/responses", {"model": "g"}, ("openai", "g")),
+        ("https://api.openai.com/v1/embeddings", {"model": "e"}, ("openai", "e")),
+        (
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini:countTokens",
+            {"contents": []},
+            None,
+        ),
         ("https://example.com/v1/models/:generateContent", {}, None),
         ("https://example.com/v1/models/a/b:generateContent", {}, None),
     ],
@@ -75,3 +87,13 @@ def test_streaming_uploads_are_not_read() -> None:
 def test_provider_names_can_be_overridden() -> None:
     request = _post("http://127.0.0.1:9/v1/messages", {"model": "claude"})
     assert tuple_for_request(request, {"127.0.0.1": "anthropic"}) == ("anthropic", "claude")
+
+
+def test_a_provider_key_may_name_a_path_prefix() -> None:
+    providers = {"127.0.0.1": "openai", "127.0.0.1/v1/messages": "anthropic"}
+    messages = _post("http://127.0.0.1:9/v1/messages", {"model": "claude"})
+    chat = _post("http://127.0.0.1:9/v1/chat/completions", {"model": "gpt"})
+    assert tuple_for_request(messages, providers) == ("anthropic", "claude")
+    assert tuple_for_request(chat, providers) == ("openai", "gpt")
+    other = _post("http://127.0.0.2:9/v1/chat/completions", {"model": "gpt"})
+    assert tuple_for_request(other, providers) == ("127.0.0.2", "gpt")

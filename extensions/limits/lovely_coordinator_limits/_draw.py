@@ -50,7 +50,7 @@ class Draw:
     Attributes:
         request: the coordinator's model request.
         marks: what this process had drawn in all when it was admitted, itself included.
-        started_at: when it was admitted (``anyio.current_time()``).
+        started_at: when it was admitted (on the coordinator's clock).
     """
 
     __slots__ = ("_charged", "_learner", "_refused", "marks", "request", "started_at")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -9,9 +10,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from random import Random
-from typing import ClassVar, final
-
-import anyio
+from typing import Any, ClassVar, TypeVar, cast, final
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -34,6 +33,20 @@ __all__ = ["LimitState", "ProviderLimitHandler"]
 
 _log = logging.getLogger("lovely_coordinator.limits")
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """Run the handler method under the handler's lock."""
+
+    @functools.wraps(method)
+    def run(self: ProviderLimitHandler, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(F, run)
+
+
 _RETRY_AFTER_MESSAGE = "retry_after must be a finite number of seconds >= 0 or None"
 
 
@@ -45,7 +58,7 @@ class LimitState:
     Attributes:
         tuple: the model tuple.
         failures: limits that closed the gate in this episode (1 after the first).
-        closed_at: when the handler last closed the gate (anyio clock).
+        closed_at: when the handler last closed the gate (the coordinator's clock).
         reopens_at: when the gate reopens by itself, or ``None`` if it is open (half-open:
             the next request is the probe) or closed without a timer.
         saved_limit: the tuple cap that is restored when the episode ends.
@@ -76,8 +89,10 @@ class ProviderLimitHandler:
 
     Integrations call :meth:`observe` with failures (or :meth:`report_limit` when they
     classified the response themselves) and :meth:`report_success` after a successful
-    request. All methods are synchronous and must be called from the coordinator's event
-    loop thread.
+    request. All methods are synchronous and thread-safe (one lock): the process-global
+    coordinator serves event loops and blocking callers in many threads. Times
+    (``started_at``, ``closed_at``) are on the coordinator's clock, the anyio clock of its
+    home loop, which every thread can read.
 
     It also learns budgets: integrations :meth:`track` each request the coordinator
     admits and hand each response's headers to :meth:`learn`, which sets the tuple's
@@ -112,6 +127,9 @@ class ProviderLimitHandler:
         # Invariant: one entry per tracked request that its owner has not finished, keyed
         # by identity (the draw holds the request, so its id cannot be reused meanwhile).
         self._draws: dict[int, Draw] = {}
+        # Held around every method: they read the coordinator and then act on it. Taken
+        # before the coordinator's own lock, never after (the coordinator never calls in).
+        self._lock = threading.RLock()
 
     _shared: ClassVar[weakref.WeakKeyDictionary[AgentCoordinator, ProviderLimitHandler]] = (
         weakref.WeakKeyDictionary()
@@ -147,6 +165,7 @@ class ProviderLimitHandler:
         assert coordinator is not None, "the coordinator of a shared handler was collected"
         return coordinator
 
+    @_locked
     def observe(
         self, t: ModelTupleLike, error: BaseException, /, *, started_at: float | None = None
     ) -> bool:
@@ -170,6 +189,7 @@ class ProviderLimitHandler:
         self.report_limit(t, retry_after=retry_delay(error), started_at=started_at, reason=reason)
         return True
 
+    @_locked
     def report_limit(
         self,
         t: ModelTupleLike,
@@ -184,7 +204,7 @@ class ProviderLimitHandler:
         Args:
             t: the model tuple.
             retry_after: the server's requested wait in seconds, if it gave one.
-            started_at: when the request started (``anyio.current_time()``), if known. A
+            started_at: when the request started (the coordinator's clock), if known. A
                 request admitted before the handler last closed the gate was not the
                 half-open probe: its limit can push the reopen later but does not count
                 as a failed probe.
@@ -214,12 +234,13 @@ class ProviderLimitHandler:
         self._apply(t, decision, reason)
         return decision.reopen_after
 
+    @_locked
     def report_success(self, t: ModelTupleLike, /, *, started_at: float | None = None) -> None:
         """Report that a request on ``t`` succeeded.
 
         Args:
             t: the model tuple.
-            started_at: when the request started (``anyio.current_time()``). A request
+            started_at: when the request started (the coordinator's clock). A request
                 admitted before the handler last closed the gate proves nothing and is
                 ignored; pass ``None`` if unknown.
 
@@ -242,6 +263,7 @@ class ProviderLimitHandler:
         else:
             _log.debug("%s recovering: cap raised to %d", _name(t), restore.limit)
 
+    @_locked
     def track(self, request: ModelRequestLike, /) -> tuple[Draw, bool]:
         """Track a request the coordinator admitted, or find the draw a layer above made.
 
@@ -261,16 +283,18 @@ class ProviderLimitHandler:
         learner = self._learners.get(request.tuple)
         if learner is None:
             learner = self._learners[request.tuple] = BudgetLearner()
-        draw = Draw(request, learner, anyio.current_time())
+        draw = Draw(request, learner, now(self.coordinator))
         self._draws[id(request)] = draw
         return draw, True
 
+    @_locked
     def finish(self, draw: Draw, /) -> None:
         """Stop tracking ``draw``'s request (its owner's call is over). Idempotent."""
         key = id(draw.request)
         if self._draws.get(key) is draw:
             del self._draws[key]
 
+    @_locked
     def learn(self, draw: Draw, headers: Mapping[str, str], /) -> None:
         """Learn the tuple's budget from the rate-limit headers of a response to ``draw``.
 
@@ -306,7 +330,7 @@ class ProviderLimitHandler:
             (None, None) if entry is None else (entry.requests_available, entry.tokens_available)
         )
         learner = self._learners[t]
-        learned = learner.learn(limits, draw.marks, at=anyio.current_time(), available=available)
+        learned = learner.learn(limits, draw.marks, at=now(self.coordinator), available=available)
         if learned.empty:
             return
         coordinator.learn_budget(
@@ -325,6 +349,7 @@ class ProviderLimitHandler:
                 _format_limit(limits.tokens.per_minute if limits.tokens else None),
             )
 
+    @_locked
     def state(self, t: ModelTupleLike, /) -> LimitState | None:
         """The tuple's open limit episode, or ``None`` when it has none."""
         t = as_model_tuple(t)
@@ -341,7 +366,7 @@ class ProviderLimitHandler:
         coordinator.close_tuple(t, reopen_after=decision.reopen_after)
         if decision.limit is not None:
             coordinator.set_tuple_limit(t, decision.limit)
-        self._breaker.closed(t, anyio.current_time())
+        self._breaker.closed(t, now(self.coordinator))
         _log.info(
             "%s closed for %.3g s (reopens at %s on the anyio clock), cap %s: %s",
             _name(t),
@@ -354,6 +379,11 @@ class ProviderLimitHandler:
     def _tuple_limit(self, t: ModelTuple) -> int | None:
         entry = self.coordinator.tuple_statistics(t)  # None: not listed, so no cap
         return None if entry is None else entry.limit
+
+
+def now(coordinator: AgentCoordinator) -> float:
+    """The coordinator's clock (its home loop's anyio clock), read from any thread."""
+    return coordinator._clock.now()
 
 
 def _format_limit(value: float | None) -> str:

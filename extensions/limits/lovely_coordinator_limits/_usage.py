@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, final
 
+from ._decode import Decoder, decoder_for
+
 __all__ = ["MAX_JSON_BODY", "Usage", "UsageMeter", "usage_from_body", "usage_from_json"]
 
 MAX_JSON_BODY = 4 * 1024 * 1024
@@ -89,25 +91,42 @@ class UsageMeter:
     Args:
         content_type: the response's ``content-type``; ``text/event-stream`` is scanned
             event by event, anything else is treated as one JSON document.
+        content_encoding: the response's ``content-encoding``: the chunks fed are the
+            body as sent (compressed), and are decoded here (gzip, deflate; br and zstd
+            when ``brotli`` / ``zstandard`` are installed). A body in an encoding it
+            cannot decode reports no usage.
     """
 
-    def __init__(self, content_type: str) -> None:
+    def __init__(self, content_type: str, content_encoding: str = "") -> None:
         self._events = content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
+        self._decoder: Decoder | None = decoder_for(content_encoding)
+        self._blind = self._decoder is None  # an encoding it cannot decode
         self._pending = bytearray()
         self._skipping = False  # inside an overlong event line, dropped up to its end
-        self._too_big = False
         self._input: int | None = None
         self._output: int | None = None
 
     def feed(self, chunk: bytes) -> None:
-        """Take the next chunk of the body."""
+        """Take the next chunk of the body (as sent: still encoded)."""
+        if self._blind:
+            return
+        decoder = self._decoder
+        assert decoder is not None
+        # A JSON body is decoded no further than the most it would keep (a small
+        # compressed body may inflate enormously); events are decoded as they come.
+        limit = 0 if self._events else MAX_JSON_BODY - len(self._pending) + 1
+        try:
+            chunk = decoder.decode(chunk, limit)
+        except ValueError:
+            self._blind = True
+            self._pending.clear()
+            return
         if not self._events:
-            if not self._too_big:
-                if len(self._pending) + len(chunk) > MAX_JSON_BODY:
-                    self._too_big = True
-                    self._pending.clear()
-                else:
-                    self._pending += chunk
+            if len(self._pending) + len(chunk) > MAX_JSON_BODY:
+                self._blind = True  # too big to be parsed for usage
+                self._pending.clear()
+            else:
+                self._pending += chunk
             return
         start = 0
         while True:
@@ -125,6 +144,8 @@ class UsageMeter:
 
     def usage(self) -> Usage | None:
         """The usage seen so far (for a JSON body: parsed now, from the whole body)."""
+        if self._blind:
+            return None
         if not self._events and self._pending and self._input is None and self._output is None:
             found = usage_from_body(bytes(self._pending))
             self._pending.clear()

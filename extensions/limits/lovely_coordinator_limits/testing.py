@@ -1,8 +1,9 @@
 """A local fake model provider, for testing rate-limit handling against real SDK clients.
 
 :class:`FakeProvider` is a plain ASGI app speaking just enough of the OpenAI chat
-completions, Anthropic messages and Gemini APIs (see ``_fake_wire``), JSON or streamed,
-with ``usage`` in every answer. Per model it can:
+completions and responses, Anthropic messages and Gemini APIs (see ``_fake_wire``), JSON or
+streamed, with ``usage`` in every answer, and calling tools when asked to
+(``use_tools``, see ``_fake_tools``). Per model it can:
 
 - enforce rate limits (:meth:`FakeProvider.limit` with a :class:`Quota`): token buckets of
   a short window of the announced per-minute rates, as providers enforce them, with the
@@ -12,6 +13,10 @@ with ``usage`` in every answer. Per model it can:
 - hold requests until released (:meth:`FakeProvider.pause`), so a test can look at what
   is in flight (:meth:`FakeProvider.in_flight`, :meth:`FakeProvider.wait_for_in_flight`,
   :meth:`FakeProvider.peak_in_flight`).
+
+Like a real provider it compresses its answers (gzip, else deflate) when the request's
+``Accept-Encoding`` allows it, as the SDKs' clients ask by default; set
+``compress=False`` to answer uncompressed.
 
 :func:`serve` runs an app with uvicorn (``h11``) on a free port of 127.0.0.1 in a
 background thread, so a test on any event loop (asyncio or trio) can point ``base_url``
@@ -31,10 +36,12 @@ Requires the ``testing`` extra (uvicorn, pytest).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -134,11 +141,24 @@ class FakeProvider:
         reply: the text every completion answers with (cut to the request's output
             limit); ``None`` answers with as many tokens as the output limit allows.
         latency: seconds each answer takes before its first byte.
+        compress: whether answers are compressed when the request accepts it.
+        use_tools: whether a request that offers tools, and holds no tool result yet, is
+            answered with a call of its first tool (so an agent delegates once, then
+            answers); otherwise every answer is text.
     """
 
-    def __init__(self, reply: str | None = "ok", *, latency: float = 0.0) -> None:
+    def __init__(
+        self,
+        reply: str | None = "ok",
+        *,
+        latency: float = 0.0,
+        compress: bool = True,
+        use_tools: bool = False,
+    ) -> None:
         self.reply = reply
         self.latency = latency
+        self.compress = compress
+        self.use_tools = use_tools
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._scripts: dict[str, deque[Refuse]] = {}
@@ -226,10 +246,13 @@ class FakeProvider:
         if scope["type"] != "http":
             return
         body = await _read_body(receive)
+        encoding = _encoding(scope) if self.compress else None
         ask = parse_ask(scope["method"], scope["path"], body)
         if ask is None:
             await _send_json(send, 404, {"error": {"message": "not found"}})
             return
+        if not self.use_tools:
+            ask = dataclasses.replace(ask, tool_call=None)
         now, wall = time.monotonic(), datetime.now(UTC)
         with self._changed:
             self._token = anyio.lowlevel.current_token()
@@ -244,6 +267,8 @@ class FakeProvider:
             headers = _limit_headers(ask.api, buckets, wall)
             refused = refusal is not None or (admission is not None and not admission.admitted)
             text, output, cut = answer_text(self.reply, ask.output_limit)
+            if ask.tool_call is not None:
+                text, output, cut = "", ask.tool_call.tokens, False
             status = refusal.status if refusal is not None else 429 if refused else 200
             served = (ask.prompt_tokens, output) if not refused else (0, 0)
             self._seen.append(Seen(ask.api, ask.model, ask.stream, status, now, *served))
@@ -259,21 +284,23 @@ class FakeProvider:
                 error = refusal.body
                 if error is None:
                     error = error_body(ask.api, refusal.status, "Rate limit reached for requests")
-                await _send_json(send, refusal.status, error, {**headers, **refusal.headers})
+                await _send_json(
+                    send, refusal.status, error, {**headers, **refusal.headers}, encoding
+                )
                 return
             if admission is not None and not admission.admitted:
                 wait = admission.retry_after
                 headers["retry-after"] = str(max(1, round(wait + 0.5)))
                 headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
                 message = f"Rate limit reached for {ask.model}; try again in {wait:.3f}s"
-                await _send_json(send, 429, error_body(ask.api, 429, message), headers)
+                await _send_json(send, 429, error_body(ask.api, 429, message), headers, encoding)
                 return
             if self.latency > 0:
                 await anyio.sleep(self.latency)
             if buckets is not None:
                 with self._lock:
                     buckets.give_back(ask.output_limit - output, time.monotonic())
-            await self._answer(send, ask, text, output, cut, headers)
+            await self._answer(send, ask, text, output, cut, headers, encoding)
         finally:
             with self._changed:
                 self._in_flight[ask.model] -= 1
@@ -290,18 +317,29 @@ class FakeProvider:
         return event
 
     async def _answer(
-        self, send: Send, ask: Ask, text: str, output: int, cut: bool, headers: dict[str, str]
+        self,
+        send: Send,
+        ask: Ask,
+        text: str,
+        output: int,
+        cut: bool,
+        headers: dict[str, str],
+        encoding: str | None,
     ) -> None:
         if ask.stream:
-            await _send_stream(send, stream_events(ask, text, output, cut), headers)
+            await _send_stream(send, stream_events(ask, text, output, cut), headers, encoding)
         else:
-            await _send_json(send, 200, completion(ask, text, output, cut), headers)
+            await _send_json(send, 200, completion(ask, text, output, cut), headers, encoding)
 
 
 def _limit_headers(api: Api, buckets: Buckets | None, wall: datetime) -> dict[str, str]:
     if buckets is None or api == "gemini":
         return {}
-    return buckets.openai_headers() if api == "openai" else buckets.anthropic_headers(wall)
+    return (
+        buckets.openai_headers()
+        if api in ("openai", "responses")
+        else buckets.anthropic_headers(wall)
+    )
 
 
 @contextmanager
@@ -347,7 +385,7 @@ def fake_provider(fake_provider_server: tuple[FakeProvider, str]) -> Iterator[Fa
     """The module's served :class:`FakeProvider`, with nothing left over from other tests."""
     provider = fake_provider_server[0]
     provider.reset()
-    provider.reply, provider.latency = "ok", 0.0
+    provider.reply, provider.latency, provider.use_tools = "ok", 0.0, False
     yield provider
     provider.reset()  # lets requests a failed test left held go
 
@@ -367,20 +405,54 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+def _encoding(scope: Scope) -> str | None:
+    """The compression the request accepts that the provider uses: gzip, else deflate."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"accept-encoding":
+            offered = {part.split(b";")[0].strip().lower() for part in value.split(b",")}
+            for encoding in (b"gzip", b"deflate"):
+                if encoding in offered:
+                    return encoding.decode()
+    return None
+
+
+def _compressor(encoding: str) -> Any:
+    # gzip: zlib's gzip wrapper; deflate: the zlib-wrapped form most servers send.
+    return zlib.compressobj(wbits=zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
+
+
 async def _send_json(
-    send: Send, status: int, payload: object, headers: Mapping[str, str] | None = None
+    send: Send,
+    status: int,
+    payload: object,
+    headers: Mapping[str, str] | None = None,
+    encoding: str | None = None,
 ) -> None:
     body = json.dumps(payload).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw = [(b"content-type", b"application/json")]
+    if encoding is not None:
+        compressor = _compressor(encoding)
+        body = compressor.compress(body) + compressor.flush()
+        raw.append((b"content-encoding", encoding.encode()))
+    raw.append((b"content-length", str(len(body)).encode()))
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_stream(send: Send, events: list[bytes], headers: Mapping[str, str]) -> None:
+async def _send_stream(
+    send: Send, events: list[bytes], headers: Mapping[str, str], encoding: str | None = None
+) -> None:
     raw = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    compressor = None
+    if encoding is not None:
+        compressor = _compressor(encoding)
+        raw.append((b"content-encoding", encoding.encode()))
     raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": 200, "headers": raw})
     for event in events:
+        if compressor is not None:  # each event flushed, so it arrives as it is sent
+            event = compressor.compress(event) + compressor.flush(zlib.Z_SYNC_FLUSH)
         await send({"type": "http.response.body", "body": event, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+    tail = compressor.flush() if compressor is not None else b""
+    await send({"type": "http.response.body", "body": tail})

@@ -1,0 +1,233 @@
+"""install(): every httpx-based litellm provider sends its requests through the coordinator.
+
+litellm builds its HTTP clients itself, per provider and per event loop, and caches them.
+There are two ways in:
+
+- the public ``litellm.aclient_session`` / ``litellm.client_session``: one client for the
+  whole process, used by the OpenAI-compatible providers only (``openai/``, ``azure/``);
+  Anthropic and the other providers ignore them, and an async client made once is bound to
+  the event loop it first ran on;
+- the factory of the async transports (``AsyncHTTPHandler.create_async_transport``, a
+  static method of litellm's HTTP handler module, not a documented API), which every
+  async httpx client of litellm is built with, the OpenAI SDK's included; and
+  ``litellm.sync_transport`` (an undocumented module attribute the sync handler reads).
+
+So the async side replaces the factory: each client litellm builds gets the transport
+litellm would have built, wrapped in a :class:`~lovely_coordinator_httpx.legacy.
+CoordinatedTransport` (litellm's clients are of the older ``httpx``); litellm keeps
+caching and closing its clients per event loop as before. What was replaced is put back
+by :meth:`Installation.uninstall`. The tested litellm release is pinned in the
+distribution's requirements, since a private hook may move in any release.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, final
+
+import anyio
+import httpx
+import litellm
+from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+from lovely_coordinator_httpx import DEFAULT_PROVIDERS
+from lovely_coordinator_httpx.legacy import CoordinatedTransport, LegacyTupleFor
+from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
+
+from lovely_coordinator import AgentCoordinator, UsageError, get_agent_coordinator
+
+__all__ = ["Installation", "install"]
+
+_FACTORIES = ("create_async_transport", "_create_async_transport")
+_lock = threading.Lock()
+_installed: Installation | None = None
+
+
+@final
+class Installation:
+    """litellm routed through the coordinator, until :meth:`uninstall` puts litellm's own
+    transports back. Made by :func:`install`.
+
+    Also a context manager: ``with`` uninstalls at the block's end; ``async with`` first
+    closes the HTTP clients litellm cached (:meth:`aclose`), so no connection outlives
+    the block's event loop.
+    """
+
+    def __init__(self, coordinator: AgentCoordinator, handler: ProviderLimitHandler) -> None:
+        self._coordinator = coordinator
+        self._handler = handler
+        self._saved: dict[str, Any] = {}
+        self._active = False
+
+    @property
+    def coordinator(self) -> AgentCoordinator:
+        """The coordinator every routed request goes through."""
+        return self._coordinator
+
+    @property
+    def handler(self) -> ProviderLimitHandler:
+        """The limit handler the transports report to."""
+        return self._handler
+
+    @property
+    def active(self) -> bool:
+        """Whether litellm's requests are routed through the coordinator now."""
+        return self._active
+
+    def uninstall(self) -> None:
+        """Put litellm's own transport factories back and drop the clients built with
+        ours (their requests in flight finish as they are). Idempotent."""
+        global _installed
+        with _lock:
+            if not self._active:
+                return
+            for name, value in self._saved.items():
+                setattr(AsyncHTTPHandler, name, value)
+            self._saved.clear()
+            self._active = False
+            _installed = None
+        _forget_clients()
+
+    async def aclose(self) -> None:
+        """Close litellm's cached async clients (litellm's public
+        ``close_litellm_async_clients``), then :meth:`uninstall`. Idempotent."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await _close_litellm_async_clients()
+        finally:
+            self.uninstall()
+
+    async def __aenter__(self) -> Installation:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Installation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.uninstall()
+
+
+def install(
+    coordinator: AgentCoordinator | None = None,
+    *,
+    handler: ProviderLimitHandler | None = None,
+    tuple_for: LegacyTupleFor | None = None,
+    providers: Mapping[str, str] = DEFAULT_PROVIDERS,
+    reject_on_closed_tuple: bool = False,
+    max_attempts: int = 5,
+    learn_budgets: bool = True,
+    tokenizer: Tokenizer | None = None,
+) -> Installation:
+    """Route every async httpx-based litellm provider through ``coordinator``.
+
+    From now on every HTTP client litellm builds for ``acompletion``, ``aembedding``, ...
+    (OpenAI-compatible providers through the OpenAI SDK, Anthropic and the others through
+    litellm's own handler) sends each model request through a coordinated transport: in
+    acceptance order within the caps and budgets, 429s parked until the gate reopens and
+    sent again (up to ``max_attempts``), budgets learned from the rate-limit headers, the
+    usage settled. Clients litellm cached before are dropped, so they are built again.
+
+    Pass ``max_retries=0`` (and no ``num_retries``) to litellm's calls, so that no retry of
+    litellm's or the SDK's waits while holding a slot: the transport retries the 429s.
+
+    Not covered: a client you pass yourself (``client=``, ``litellm.aclient_session``),
+    HTTP(S) proxies from the environment (bypassed by a coordinated client), providers
+    that do not use httpx (boto3 for Bedrock's SDK paths, websockets), and litellm's
+    sync calls.
+
+    Args:
+        coordinator: defaults to the process-global ``get_agent_coordinator()``.
+        handler: the limit handler; defaults to the coordinator's shared one.
+        tuple_for: maps an ``httpx`` request to its tuple (``None``: unscheduled); by
+            default the provider from the host (``providers``), the model from the body.
+        providers: host → provider names for the default mapping.
+        reject_on_closed_tuple: fail at once with ``TupleSuspendedError`` while a tuple's
+            gate is closed, rather than wait.
+        max_attempts: sends of one request that 429s may take, an int ≥ 1.
+        learn_budgets: whether the rate-limit headers set budgets.
+        tokenizer: counts prompt tokens; by default characters / 4.
+
+    Returns:
+        The installation; :meth:`Installation.uninstall` (or leaving it as a context
+        manager) puts litellm's own transports back.
+
+    Raises:
+        UsageError: already installed (uninstall the other installation first).
+        InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
+    """
+    global _installed
+    coordinator = coordinator if coordinator is not None else get_agent_coordinator()
+    handler = handler if handler is not None else ProviderLimitHandler.for_coordinator(coordinator)
+    options: dict[str, Any] = {
+        "handler": handler,
+        "tuple_for": tuple_for,
+        "providers": providers,
+        "reject_on_closed_tuple": reject_on_closed_tuple,
+        "max_attempts": max_attempts,
+        "learn_budgets": learn_budgets,
+        "tokenizer": tokenizer,
+    }
+    # Validates the options now (InvalidArgumentError), not at litellm's first request.
+    CoordinatedTransport(coordinator, transport=_UNUSED, **options)
+    installation = Installation(coordinator, handler)
+    with _lock:
+        if _installed is not None:
+            raise UsageError(
+                "lovely-coordinator is already installed in litellm; uninstall it first"
+            )
+        original = AsyncHTTPHandler.__dict__["create_async_transport"]
+        factory = staticmethod(_coordinated(original.__func__, coordinator, options))
+        for name in _FACTORIES:
+            installation._saved[name] = AsyncHTTPHandler.__dict__.get(name, original)
+            setattr(AsyncHTTPHandler, name, factory)
+        installation._active = True
+        _installed = installation
+    _forget_clients()
+    return installation
+
+
+_UNUSED = httpx.AsyncBaseTransport()
+# Public (exported at litellm's top level), though not typed there.
+_close_litellm_async_clients: Callable[[], Awaitable[None]] = litellm.close_litellm_async_clients  # type: ignore[attr-defined]
+
+
+def _coordinated(
+    create: Callable[..., httpx.AsyncBaseTransport | None],
+    coordinator: AgentCoordinator,
+    options: Mapping[str, Any],
+) -> Callable[..., httpx.AsyncBaseTransport]:
+    def create_async_transport(*args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
+        inner = create(*args, **kwargs)
+        if inner is None:
+            # litellm lets httpx build the default transport from the client's settings;
+            # built here from the same ones, since the client now gets ours instead.
+            ssl_context, ssl_verify = kwargs.get("ssl_context"), kwargs.get("ssl_verify")
+            verify = ssl_context if ssl_context is not None else ssl_verify is not False
+            limits = kwargs.get("limits") or httpx.Limits(max_connections=100)
+            inner = httpx.AsyncHTTPTransport(verify=verify, cert=kwargs.get("cert"), limits=limits)
+        return CoordinatedTransport(coordinator, transport=inner, **options)
+
+    return create_async_transport
+
+
+def _forget_clients() -> None:
+    # litellm caches its clients (per provider, per event loop); the ones built before a
+    # change of factory would keep the transports they were built with.
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    flush = getattr(cache, "flush_cache", None)
+    if callable(flush):
+        flush()

@@ -1,0 +1,148 @@
+"""Requests and permits share slots safely (CONTRACT §9), on asyncio and trio.
+
+One test per case of issue 17, each of which failed before the fix: a deadlock between
+two agents at a tuple capped at 1 (case 1), a tuple cap exceeded when a budget change
+lets waiting requests go (case 2) and after a reacquire that bypassed the cap (case 3).
+The rules themselves are checked step by step against the model in test_scheduler.py.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
+
+pytestmark = pytest.mark.anyio
+
+GPT = ModelTuple("openai", "gpt")
+CLAUDE = ModelTuple("anthropic", "claude")
+
+
+class Provider:
+    """Counts the calls in flight per tuple, and the most seen at once."""
+
+    def __init__(self) -> None:
+        self.now: dict[ModelTuple, int] = {}
+        self.peak: dict[ModelTuple, int] = {}
+
+    def enter(self, t: ModelTuple) -> None:
+        self.now[t] = self.now.get(t, 0) + 1
+        self.peak[t] = max(self.peak.get(t, 0), self.now[t])
+
+    def leave(self, t: ModelTuple) -> None:
+        self.now[t] -= 1
+
+
+def assert_idle(coord: AgentCoordinator) -> None:
+    stats = coord.statistics()
+    assert (stats.active, stats.queued, stats.lent) == (0, 0, 0), stats
+
+
+async def test_case_1_a_foreign_covered_request_at_a_capped_tuple_deadlocks_no_one() -> None:
+    # Agent A holds GPT's only unit as a permit and calls GPT second; agent B holds a
+    # CLAUDE permit and calls GPT first. B's call stopped every covered request of GPT
+    # behind it, A's own included, and A's permit never ended: neither ran, for good.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(4)
+        coord.set_tuple_limit(GPT, 1)
+        calls: list[str] = []
+        a_calls = anyio.Event()
+
+        async def agent_a() -> None:
+            async with coord.permit(GPT):
+                await a_calls.wait()
+                async with coord.request(GPT):
+                    calls.append("A")
+
+        async def agent_b() -> None:
+            async with coord.permit(CLAUDE), coord.request(GPT):
+                calls.append("B")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent_a)
+            await wait_all_tasks_blocked()
+            tg.start_soon(agent_b)
+            await wait_all_tasks_blocked()
+            a_calls.set()
+        assert calls == ["B", "A"]
+        assert_idle(coord)
+
+
+async def test_case_2_a_budget_change_never_lets_more_calls_than_the_cap_run() -> None:
+    # T capped at 3 with its budget spent: two own-slot requests, one covered by a
+    # permit of another tuple, one more own-slot request wait. Raising the budget let
+    # the grant loop serve the covered one and then grant the next own-slot request
+    # without checking the cap again: 4 in flight.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(8)
+        coord.set_tuple_limit(GPT, 3)
+        coord.set_budget(GPT, requests_per_minute=1)
+        async with coord.request(GPT):
+            pass  # the budget is spent now
+        provider = Provider()
+        finish = anyio.Event()
+
+        async def call() -> None:
+            async with coord.request(GPT):
+                provider.enter(GPT)
+                await finish.wait()
+                provider.leave(GPT)
+
+        async def covered_call() -> None:
+            async with coord.permit(CLAUDE):
+                await call()
+
+        async with anyio.create_task_group() as tg:
+            for work in (call, call, covered_call, call):
+                tg.start_soon(work)
+                await wait_all_tasks_blocked()
+            assert provider.peak == {}
+            coord.set_budget(GPT, requests_per_minute=600)
+            await wait_all_tasks_blocked()
+            assert provider.now == {GPT: 3}
+            finish.set()
+        assert provider.peak == {GPT: 3}
+        assert_idle(coord)
+
+
+async def test_case_3_calls_never_exceed_the_cap_after_a_reacquire_bypassed_it() -> None:
+    # cap(T) = 1: X lends its T permit, Y takes T's unit, X's reacquire bypasses the cap
+    # (§1), and then X and Y each call T on their own permit: 2 in flight on T.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(4)
+        coord.set_tuple_limit(GPT, 1)
+        provider = Provider()
+        y_holds = anyio.Event()
+        x_back = anyio.Event()
+        finish = anyio.Event()
+
+        async def call() -> None:
+            async with coord.request(GPT):
+                provider.enter(GPT)
+                await finish.wait()
+                provider.leave(GPT)
+
+        async def agent_x() -> None:
+            async with coord.permit(GPT) as permit:
+                await permit.lend(y_holds.wait)
+                x_back.set()
+                await call()
+
+        async def agent_y() -> None:
+            async with coord.permit(GPT):
+                y_holds.set()
+                await x_back.wait()
+                await call()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent_x)
+            await wait_all_tasks_blocked()
+            tg.start_soon(agent_y)
+            await wait_all_tasks_blocked()
+            assert provider.now == {GPT: 1}
+            assert coord.active_count == 2  # both permits hold a slot: the reacquire bypassed
+            finish.set()
+        assert provider.peak == {GPT: 1}
+        assert_idle(coord)
