@@ -26,7 +26,7 @@ from ._classify import is_provider_limit
 from ._delay import retry_delay
 from ._draw import Draw, ModelRequestLike
 from ._learn import BudgetLearner
-from ._ratelimit import Limit, rate_limits_from_headers
+from ._ratelimit import rate_limits_from_headers
 from ._tuples import ModelTupleLike, as_model_tuple
 
 __all__ = ["LimitState", "ProviderLimitHandler"]
@@ -305,24 +305,18 @@ class ProviderLimitHandler:
             return
         t = draw.tuple
         coordinator = self.coordinator
-        if attached(coordinator) is not None:
+        hook = attached(coordinator)
+        if hook is not None:
             # A fleet (RedisFleet) shares the provider's budget between the processes: it
-            # learns the provider's own figures, not this process's share of them. What
-            # remained was counted when this request arrived: what refilled since is added
-            # back (the fleet counts what it admitted meanwhile itself).
-            age = max(0.0, anyio.current_time() - draw.started_at)
-
-            def left(limit: Limit | None) -> float | None:
-                if limit is None or limit.remaining is None:
-                    return None
-                return limit.remaining + (limit.per_minute or 0.0) / 60 * age
-
-            coordinator.learn_budget(
+            # learns the provider's own figures, not this process's share of them, with
+            # the request they answer (what it admitted since, the provider had not seen).
+            hook.learn(
                 t,
-                requests_per_minute=limits.requests and limits.requests.per_minute,
-                tokens_per_minute=limits.tokens and limits.tokens.per_minute,
-                requests_remaining=left(limits.requests),
-                tokens_remaining=left(limits.tokens),
+                limits.requests and limits.requests.per_minute,
+                limits.tokens and limits.tokens.per_minute,
+                limits.requests and limits.requests.remaining,
+                limits.tokens and limits.tokens.remaining,
+                answering=draw.request,
             )
             return
         entry = coordinator.tuple_statistics(t)
