@@ -20,18 +20,22 @@ restart or a dropped connection fails; pass ``retry=`` as above (from
 ``redis.asyncio.retry`` and ``redis.backoff``). The scripts are written so that a retried
 command never acts twice.
 
-**Restarts.** A server restarted without persistence has forgotten every lease and
-permit while their holders may still be running, so for a ttl after it starts it grants
-nothing from an object it holds no state for (a quiet period, logged at WARNING); fences
-keep increasing, and the gates' closures are restored by the replicas that know them. A
-server that has been up longer than a ttl grants new objects at once. To skip the quiet
-period on a server you *know* is new (nothing was ever granted by an earlier boot), set
-the key ``lovely-coordinator:fresh-boot`` to the ``run_id`` that ``INFO server`` reports.
+**Lost state.** A server can forget grants whose holders still run: a restart without
+persistence, ``FLUSHALL``, a restart from an older snapshot, a failover to a replica that
+missed writes. Every script that grants checks a per-server generation marker (the key
+``lovely-coordinator:generation``, which names the server boot that wrote it), so any of
+these is noticed at the next call, and nothing is granted for a quiet period of the
+caller's ttl and a second (logged at WARNING); fences keep increasing, and the gates'
+closures are restored by the replicas that know them. A server the library has not used
+before waits one quiet period too: to skip it on a server you *know* is new (nothing was
+ever granted by an earlier boot), set the key ``lovely-coordinator:fresh-boot`` to the
+``run_id`` that ``INFO server`` reports. The marker must not be evicted (a
+``maxmemory-policy`` of ``noeviction`` or ``volatile-*``; evicting it costs a quiet period).
 
 Every key of an object shares one hash tag, and ids are escaped so that no two objects
 ever share a key, whatever characters their prefixes and ids contain. The scripts read
-``INFO server`` (the version once per client; the uptime when they meet an object they
-have no state for), so the server must allow ``INFO`` to the client's user.
+``INFO server`` (the version once per client; the run id at every grant), so the server
+must allow ``INFO`` to the client's user.
 """
 
 from ._errors import StaleFenceError as StaleFenceError

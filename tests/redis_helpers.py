@@ -9,6 +9,7 @@ import anyio
 import pytest
 import redis.exceptions
 
+from lovely_coordinator._redis.generation import MARKER_KEY
 from lovely_coordinator._redis.keys import object_base
 from lovely_coordinator._redis.server import ThrowawayServer
 
@@ -33,7 +34,8 @@ def own_server() -> Iterator[ThrowawayServer]:
 
 def lock_keys(conversation_id: str, prefix: str = "lovely:") -> dict[str, str]:
     base = object_base(prefix, "conv", conversation_id)
-    return {part: f"{base}:{part}" for part in ("lock", "fence", "waiting", "quiet")}
+    keys = {part: f"{base}:{part}" for part in ("lock", "fence", "waiting")}
+    return keys | {"marker": MARKER_KEY}
 
 
 def pool_key(name: str, part: str, prefix: str = "lovely:") -> str:
@@ -42,8 +44,8 @@ def pool_key(name: str, part: str, prefix: str = "lovely:") -> str:
 
 def pool_keys(name: str, prefix: str = "lovely:") -> list[str]:
     """The KEYS of the pool scripts, without the tombstone."""
-    parts = ("holders", "queue", "waiters", "ticket", "fence", "grants", "quiet")
-    return [pool_key(name, part, prefix) for part in parts]
+    parts = ("holders", "queue", "waiters", "ticket", "fence", "grants")
+    return [*(pool_key(name, part, prefix) for part in parts), MARKER_KEY]
 
 
 async def run_id(client: Any) -> str:

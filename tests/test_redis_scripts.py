@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ def acquire_keys(conversation: str, owner: str) -> list[str]:
         keys["lock"],
         keys["fence"],
         keys["waiting"],
-        keys["quiet"],
+        keys["marker"],
         f"{base}:abandoned:{owner}",
     ]
 
@@ -146,7 +145,12 @@ async def test_a_resent_acquire_after_the_clean_up_of_its_grant_grants_nothing(
         assert await redis_client.exists(lock) == 0  # no ghost lease
 
 
-# --- the quiet period after a restart without persistence ---------------------------------
+# --- lost state and the quiet period (generation.py) -------------------------------------
+
+
+async def lock_acquire(client: Any, owner: str, ttl_ms: int, fresh: str = "", c: str = "c") -> Any:
+    acquire = client.register_script(scripts.LOCK_ACQUIRE)
+    return await acquire(acquire_keys(c, owner), [owner, ttl_ms, 10**7, fresh])
 
 
 async def test_a_restarted_server_grants_nothing_for_a_ttl(
@@ -155,38 +159,61 @@ async def test_a_restarted_server_grants_nothing_for_a_ttl(
     with anyio.fail_after(10):
         own_server.restart()  # as after a crash: not declared fresh
         client = redis_connect(own_server.url)
-        acquire = client.register_script(scripts.LOCK_ACQUIRE)
-        tag, wait, server_run_id = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, ""])
+        tag, wait, server_run_id = await lock_acquire(client, "aa", 5000)
         assert tag == scripts.QUIET
-        assert 4000 < wait <= 6000  # a ttl from the end of the second the server started in
+        assert 5000 < wait <= 6000  # the caller's ttl and a tick
         assert server_run_id.decode() == await run_id(client)
         assert await client.exists(lock_keys("c")["lock"]) == 0  # nothing granted
-        # A caller with a longer ttl lengthens the period for everyone.
-        tag, longer, _ = await acquire(acquire_keys("c", "bb"), ["bb", 8000, 10**7, ""])
-        assert (tag, 7000 < longer <= 9000) == (scripts.QUIET, True)
-        tag, after, _ = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, ""])
-        assert (tag, 5000 < after <= longer) == (scripts.QUIET, True)
+        # Each caller waits out its own ttl, counted from when the loss was noticed.
+        tag, longer, _ = await lock_acquire(client, "bb", 8000)
+        assert (tag, 8000 < longer <= 9000) == (scripts.QUIET, True)
+        tag, after, _ = await lock_acquire(client, "aa", 5000)
+        assert (tag, 5000 < after <= wait) == (scripts.QUIET, True)
 
 
-async def test_the_quiet_period_counts_from_the_second_the_server_started_in(
+async def test_a_flush_is_noticed_however_long_the_server_has_been_up(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
     with anyio.fail_after(10):
-        # The server's uptime is a difference of whole wall-clock seconds: it reads 1 as
-        # soon as the clock passes the next second, however young the server is. Read as
-        # a rounded-down uptime it ended the quiet period up to a second early (a chaos
-        # run caught a permit granted 0.2 s after a restart, while the old one was valid).
-        while not 0.6 < time.time() % 1 < 0.7:  # noqa: ASYNC110  (the wall clock itself)
-            await anyio.sleep(0.005)
-        own_server.restart()
-        restarted_at = anyio.current_time()
         client = redis_connect(own_server.url)
-        await uptime_at_least(client, 1)  # some 0.3 s later
-        acquire = client.register_script(scripts.LOCK_ACQUIRE)
-        tag, wait, _ = await acquire(acquire_keys("c", "aa"), ["aa", 3000, 10**7, ""])
-        elapsed_ms = (anyio.current_time() - restarted_at) * 1000
-        assert tag == scripts.QUIET
-        assert wait >= 3000 - elapsed_ms  # a full ttl after the restart, at least
+        fresh = await run_id(client)
+        assert (await lock_acquire(client, "aa", 500, fresh))[0] == scripts.GRANTED
+        await uptime_at_least(client, 2)  # up longer than the ttl
+        await client.flushall()  # the grant is forgotten, while its holder still runs
+        assert (await lock_acquire(client, "bb", 500))[0] == scripts.QUIET
+
+
+async def test_a_restart_from_an_old_snapshot_is_noticed(
+    own_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(10):
+        client = redis_connect(own_server.url)
+        fresh = await run_id(client)
+        assert (await lock_acquire(client, "aa", 500, fresh))[0] == scripts.GRANTED
+        release = client.register_script(scripts.LOCK_RELEASE)
+        await release(acquire_keys("c", "aa")[::2], ["aa", "ch", "c", 0])
+        own_server.save()  # the snapshot has the fence counter and the marker...
+        assert (await lock_acquire(client, "bb", 5000, fresh))[0] == scripts.GRANTED
+        own_server.restart()  # ...but not bb's grant, which is still held
+        client = redis_connect(own_server.url)
+        assert await client.exists(lock_keys("c")["fence"]) == 1
+        assert (await lock_acquire(client, "cc", 5000))[0] == scripts.QUIET
+
+
+async def test_a_forward_step_of_the_clock_shortens_the_quiet_period_by_a_tick_at_most(
+    own_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(10):
+        own_server.restart()
+        client = redis_connect(own_server.url)
+        _, wait, _ = await lock_acquire(client, "aa", 5000)
+        # As if the server clock jumped a minute ahead since that call.
+        marker = lock_keys("c")["marker"]
+        last = int(await client.hget(marker, "last"))
+        await client.hset(marker, "last", last - 60_000)
+        _, after, _ = await lock_acquire(client, "aa", 5000)
+        assert wait - 1000 <= after < wait
+        assert after > 4000  # still about a ttl to go
 
 
 async def test_a_boot_declared_fresh_has_no_quiet_period(
@@ -195,40 +222,42 @@ async def test_a_boot_declared_fresh_has_no_quiet_period(
     with anyio.fail_after(10):
         own_server.restart()
         client = redis_connect(own_server.url)
-        acquire = client.register_script(scripts.LOCK_ACQUIRE)
         wrong = "0" * 40  # another boot's run id declares nothing
-        assert (await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, wrong]))[0] == 2
-        reply = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, await run_id(client)])
-        assert reply[0] == scripts.GRANTED
+        assert (await lock_acquire(client, "aa", 5000, wrong))[0] == scripts.QUIET
+        vouched = f"{wrong} {await run_id(client)}"  # one of the nodes of a Cluster
+        assert (await lock_acquire(client, "aa", 5000, vouched))[0] == scripts.GRANTED
 
 
-async def test_state_that_survived_needs_no_quiet_period(
+async def test_a_new_prefix_on_a_server_that_kept_its_state_is_granted_at_once(
     own_server: ThrowawayServer, redis_connect: Callable[..., Any]
 ) -> None:
     with anyio.fail_after(10):
-        own_server.restart()
         client = redis_connect(own_server.url)
-        # A restart that kept the data (persistence) kept the fence counter: nothing of
-        # this conversation was lost, so there is no reason to wait.
-        await client.set(lock_keys("c")["fence"], 1)
         acquire = client.register_script(scripts.LOCK_ACQUIRE)
-        assert (await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10**7, ""]))[0] == 1
-
-
-async def test_a_server_up_longer_than_the_ttl_grants_new_objects_at_once(
-    own_server: ThrowawayServer, redis_connect: Callable[..., Any]
-) -> None:
-    with anyio.fail_after(10):
-        own_server.restart()
-        client = redis_connect(own_server.url)
-        await uptime_at_least(client, 2)
-        acquire = client.register_script(scripts.LOCK_ACQUIRE)
-        # Anything held before the server started has lapsed by now (ttl 0.5 s, and the
-        # second the server started in), so an object it has no state for is simply new:
-        # detection is per server.
-        for prefix in ("a:", "b:"):
+        # The first grant of a boot vouched for (declared fresh at its start)...
+        assert (await lock_acquire(client, "aa", 500, await run_id(client)))[0] == 1
+        for prefix in ("a:", "b:"):  # ...and the state is this boot's: new objects are new
             keys = [k.replace("lovely:", prefix, 1) for k in acquire_keys("c", "aa")]
             assert (await acquire(keys, ["aa", 500, 10**7, ""]))[0] == scripts.GRANTED
+
+
+async def test_a_renewal_reports_its_fence_even_when_the_lease_is_gone(
+    redis_client: Any,
+) -> None:
+    with anyio.fail_after(5):
+        # As on a new primary that lost the grant and whose clock is behind: the counter
+        # is older than the holder's fence, and the next grant must mint above it.
+        keys = lock_keys("c")
+        now = await server_time_us(redis_client)
+        held = now + 60_000_000
+        extend = redis_client.register_script(scripts.LOCK_EXTEND)
+        renewed = await extend([keys["lock"], keys["fence"]], [f"aa {held}", 5000, held, 10**7])
+        assert renewed == 0
+        assert int(await redis_client.get(keys["fence"])) == held
+        assert await extend([keys["lock"], keys["fence"]], ["aa 1", 5000, 1, 10**7]) == 0
+        assert int(await redis_client.get(keys["fence"])) == held  # never lowered
+        _, fence = await lock_acquire(redis_client, "bb", 5000, await run_id(redis_client))
+        assert fence == held + 1
 
 
 # --- the fenced log -----------------------------------------------------------------------

@@ -5,16 +5,15 @@ The first call through a client reads ``INFO server`` once and refuses an older 
 with :class:`~lovely_coordinator.redis.UnsupportedServerError`, before anything is
 written; later calls cost a dictionary lookup.
 
-**Boot.** A server restarted without persistence has forgotten every lease and permit,
-while their holders may still be running: its scripts therefore grant nothing from an
-object whose state they do not find until a ttl has passed since the server started (the
-quiet period, see scripts.py). A server *known* to be new holds no grants anywhere, and
-whoever starts one may say so: ``SET lovely-coordinator:fresh-boot <run_id>``, with the
-``run_id`` of that boot from ``INFO server``. A client that is told of a quiet period reads
-that key (once per boot) and, if it names the boot, passes the run id to the scripts,
-which then skip the quiet period. A later restart has another run id, so the declaration
-never carries over to a boot nobody vouched for. (The test and demo servers are declared
-this way by ``server.py``.)
+**Boot.** A server that may have lost state (a flush, a restart, a failover: see
+generation.py) grants nothing for a quiet period. A server *known* to be new holds no
+grants anywhere, and whoever starts one may say so: ``SET lovely-coordinator:fresh-boot
+<run_id>``, with the ``run_id`` of that boot from ``INFO server`` (on a Cluster, the run
+ids of its nodes, separated by spaces). A client that is told of a quiet period reads that
+key (once per boot) and, if it names the boot, passes the run ids it found vouched for to
+the scripts, which then skip the quiet period. A later restart has another run id, so the
+declaration never carries over to a boot nobody vouched for. (The test and demo servers
+are declared this way by ``server.py``.)
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class _ServerState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     checked: bool = False
     refused: UnsupportedServerError | None = None
-    fresh_checked_for: str | None = None  # the run id whose declaration was read
-    fresh: str = ""  # that run id if it was declared fresh
+    fresh_checked: dict[str, bool] = field(default_factory=dict)  # run id -> vouched for
+    fresh: str = ""  # the run ids found vouched for, separated by spaces
     quiet_told_for: str | None = None
 
 
@@ -115,7 +114,7 @@ async def ensure_supported(client: redis.asyncio.Redis) -> None:
 
 
 def fresh_run_id(client: redis.asyncio.Redis) -> str:
-    """The run id of the client's server boot if it was declared fresh, else ``""``."""
+    """The run ids of the client's server boots found declared fresh (spaces between), or ``""``."""
     state = _states.get(client)
     return "" if state is None else state.fresh
 
@@ -126,14 +125,17 @@ async def declared_fresh(client: redis.asyncio.Redis, run_id: str) -> bool:
     A server that refuses the read (an ACL that does not cover the key) declares nothing.
     """
     state = _state(client)
-    if state.fresh_checked_for != run_id:
+    known = state.fresh_checked.get(run_id)
+    if known is None:
         try:
             value = await client.get(FRESH_BOOT_KEY)
         except ResponseError:
             value = None
-        state.fresh_checked_for = run_id
-        state.fresh = run_id if value is not None and text(value) == run_id else ""
-    return state.fresh == run_id
+        known = value is not None and run_id in text(value).split()
+        state.fresh_checked[run_id] = known
+        if known:
+            state.fresh = " ".join(r for r, vouched in state.fresh_checked.items() if vouched)
+    return known
 
 
 async def on_quiet(client: redis.asyncio.Redis, what: str, remaining_ms: int, run_id: str) -> bool:
@@ -156,9 +158,8 @@ def tell_quiet(client: redis.asyncio.Redis, run_id: str, what: str, remaining_ms
     state.quiet_told_for = run_id
     log.log(
         logging.WARNING if first else logging.DEBUG,
-        "the Redis server started less than a ttl ago and holds no state for %s: it may "
-        "have restarted without persistence while grants were still held, so nothing is "
-        "granted for %.1f s (quiet period)",
+        "the Redis server may have lost state (a flush, a restart or a failover) while "
+        "grants of %s were still held, so nothing is granted for %.1f s (quiet period)",
         what,
         remaining_ms / 1000,
     )

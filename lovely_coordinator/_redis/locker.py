@@ -6,11 +6,11 @@ Keys for conversation ``C`` under prefix ``P`` (one hash tag, see keys.py)::
                         expiring after ttl
     P{conv:C}:fence     the last fencing token issued (see scripts.py for why it may expire)
     P{conv:C}:waiting   set by a refused acquire, so that the release knows to publish
-    P{conv:C}:quiet     during a quiet period after a restart (see scripts.py)
     P{conv:C}:abandoned:<owner>   briefly, after the clean-up of an abandoned acquire
 
-and one channel per prefix, ``P{conv}:released``, carrying the conversation id of each
-release that somebody was waiting for. A waiter re-checks when a release of its
+the server's generation marker (see generation.py), and one channel per prefix,
+``P{conv}:released``, carrying the conversation id of each release that somebody was
+waiting for. A waiter re-checks when a release of its
 conversation is announced, when the holder's lease is due to expire (a dead holder
 announces nothing), and at least every second in any case, so a lost message only costs
 latency.
@@ -26,7 +26,7 @@ from typing import final
 
 import redis.asyncio
 
-from . import boot, scripts
+from . import boot, generation, scripts
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
@@ -106,7 +106,8 @@ class RedisLocker:
         await boot.ensure_supported(self._client)
         owner = uuid.uuid4().hex  # unique per attempt: only this attempt can own it
         base = self._base(conversation_id)
-        keys = [f"{base}:lock", f"{base}:fence", f"{base}:waiting", f"{base}:quiet"]
+        marker = generation.marker_key(self._client, base)
+        keys = [f"{base}:lock", f"{base}:fence", f"{base}:waiting", marker]
         keys.append(f"{base}:abandoned:{owner}")
         client = self._client
 
@@ -152,9 +153,15 @@ class RedisLocker:
             for watch in watches:
                 watch.event.set()
 
-    async def _extend(self, conversation_id: str, value: str) -> bool:
-        lock_key = f"{self._base(conversation_id)}:lock"
-        return bool(await self._extend_script([lock_key], [value, self._ttl_ms]))
+    async def _extend(self, conversation_id: str, owner: str, fence: int) -> bool:
+        """Renew the lease if ``owner`` holds it; report its fence either way."""
+        base = self._base(conversation_id)
+        return bool(
+            await self._extend_script(
+                [f"{base}:lock", f"{base}:fence"],
+                [f"{owner} {fence}", self._ttl_ms, fence, FENCE_TTL_MS],
+            )
+        )
 
     async def _delete(self, conversation_id: str, owner: str, *, abandon: bool = False) -> bool:
         """Compare-and-delete: remove the lease only if ``owner`` holds it.
@@ -194,11 +201,10 @@ class RedisLease(Grant):
     ) -> None:
         self.conversation_id = conversation_id
         self.fence = fence
-        value = f"{owner} {fence}"
         super().__init__(
             ttl=locker.ttl,
             sent_at=sent_at,
-            renew=lambda: locker._extend(conversation_id, value),
+            renew=lambda: locker._extend(conversation_id, owner, fence),
             give_back=lambda: locker._delete(conversation_id, owner),
             name=f"the lease on {conversation_id!r} (fence {fence})",
         )

@@ -8,8 +8,9 @@ Keys of pool ``N`` under prefix ``P`` (one hash tag, see keys.py)::
     P{pool:N}:ticket    the ticket counter (never expires: its absence means lost state)
     P{pool:N}:fence     the last fencing token
     P{pool:N}:grants    hash  permit id -> "fence ticket"
-    P{pool:N}:quiet     during a quiet period after a restart (see scripts.py)
     P{pool:N}:abandoned:<id>    briefly, after the clean-up of an abandoned acquire
+
+and the server's generation marker (see generation.py).
 
 One script decides each attempt (see pool_scripts.py): it first drops expired holders and
 waiters, so a dead process's permits and queue places come back, then grants the caller
@@ -35,7 +36,7 @@ from typing import Any, Final, final
 import redis.asyncio
 
 from .._validate import as_index
-from . import boot, pool_scripts
+from . import boot, generation, pool_scripts
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
@@ -53,7 +54,7 @@ __all__ = ["RedisPermit", "RedisPermitPool"]
 
 MAX_LIMIT: Final = 10**9
 
-_KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants", "quiet")
+_KEY_NAMES: Final = ("holders", "queue", "waiters", "ticket", "fence", "grants")
 
 
 @final
@@ -98,6 +99,7 @@ class RedisPermitPool:
         check_sendable(client, "prefix", check_prefix(prefix))
         self._base = base = object_base(prefix, "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
+        self._keys.append(generation.marker_key(client, base))
         self._channel = f"{base}:released"
         self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)
         self._refresh_script = Script(client, pool_scripts.POOL_REFRESH)
@@ -183,8 +185,10 @@ class RedisPermitPool:
         for watch in self._watches:
             watch.event.set()
 
-    async def _refresh(self, permit_id: str) -> bool:
-        return bool(await self._refresh_script(self._keys, [permit_id, self._ttl_ms]))
+    async def _refresh(self, permit_id: str, fence: int) -> bool:
+        """Renew the permit if still held; report its fence either way."""
+        args: list[str | int] = [permit_id, self._ttl_ms, fence, FENCE_TTL_MS]
+        return bool(await self._refresh_script(self._keys, args))
 
     def _tombstone(self, permit_id: str) -> str:
         return f"{self._base}:abandoned:{permit_id}"
@@ -234,7 +238,7 @@ class RedisPermit(Grant):
         super().__init__(
             ttl=pool.ttl,
             sent_at=sent_at,
-            renew=lambda: pool._refresh(permit_id),
+            renew=lambda: pool._refresh(permit_id, fence),
             give_back=lambda: pool._leave(permit_id),
             name=f"permit {fence} of pool {pool.name!r}",
         )

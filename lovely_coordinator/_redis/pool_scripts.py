@@ -2,9 +2,8 @@
 
 KEYS of every pool script, in this order: holders (zset id -> expiry ms), queue (zset id
 -> ticket), waiter heartbeats (zset id -> expiry ms), ticket counter, fence counter, grants
-(hash id -> "fence ticket"), quiet, and (acquire, leave) the id's tombstone. The ticket
-counter never expires, so its absence means the server lacks the pool's state (see the
-quiet period in ``scripts.py``).
+(hash id -> "fence ticket"), the server's generation marker (see generation.py), and
+(acquire, leave) the id's tombstone.
 
 Announcements: whenever permits may have become free (a release, a place given up, a dead
 holder or waiter purged), the script publishes the highest ticket that could now be
@@ -53,7 +52,7 @@ end
 """
 )
 
-# ARGV: id, limit, permit ttl ms, waiter ttl ms, fence ttl ms, channel, fresh run id
+# ARGV: id, limit, permit ttl ms, waiter ttl ms, fence ttl ms, channel, vouched run ids
 # -> {GRANTED, token, ticket} | {WAITING, ms until the first holder expires or -1, ticket}
 #  | {QUIET, ms, run id}
 POOL_ACQUIRE: Final = (
@@ -74,11 +73,9 @@ if grant and redis.call('ZSCORE', KEYS[1], id) then
   local fence, ticket = string.match(grant, '(%d+) (%d+)')
   return {1, tonumber(fence), tonumber(ticket)}
 end
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  local wait, run_id = quiet(KEYS[7], tonumber(ARGV[3]), ARGV[7])
-  if wait > 0 then
-    return {2, wait, run_id}  -- not even a place in line
-  end
+local wait, run_id = generation(KEYS[7], tonumber(ARGV[3]), ARGV[7])
+if wait > 0 then
+  return {2, wait, run_id}  -- not even a place in line
 end
 local ticket = redis.call('ZSCORE', KEYS[2], id)
 if not ticket then
@@ -108,10 +105,12 @@ return {0, until_free, ticket}
 """
 )
 
-# ARGV: id, permit ttl ms -> 1 renewed | 0 lost (expired or removed)
+# ARGV: id, permit ttl ms, the permit's fence, fence ttl ms -> 1 renewed | 0 lost (expired
+# or removed). Either way the fence is reported (see generation.py).
 POOL_REFRESH: Final = (
     PRELUDE
     + """
+report_fence(KEYS[5], ARGV[3], ARGV[4])
 local now_ms = math.floor(now_us() / 1000)
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry or tonumber(expiry) <= now_ms then

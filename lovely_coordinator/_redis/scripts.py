@@ -26,20 +26,10 @@ formatted with ``%.0f`` because ``tostring`` would switch to exponent notation. 
 and ``INFO`` before writes are allowed because scripts replicate their effects (the only
 mode of Redis >= 7 and Valkey), never the script itself.
 
-**The quiet period** (``quiet``). A server restarted without persistence has forgotten
-every lease and permit, while their holders may still be running until their local
-deadlines, which are at most a ttl after their last renewal, itself before the restart.
-So when a script is about to grant from an object whose state it does not find at all
-(the lock's fence counter, the pool's ticket counter), it asks the server how long ago it
-started (``INFO server``: per server, whatever the prefix) and grants nothing until a ttl
-has passed since then. The caller's ttl counts, or a longer one heard from another caller
-during the period (kept in the object's ``quiet`` key until the period ends). An object
-met for the first time on a server that has been up longer than a ttl (and a second) is
-granted at once; on a younger one the period lasts a ttl, and up to a second more: the
-server counts its uptime in whole seconds of the wall clock, which only tells the second
-it started in. A boot declared fresh (see ``boot.py``) has no quiet period. (Found by the
-chaos runs: reading the uptime as if rounded down let a restarted server grant a permit
-0.2 s after its start, while the old holder's permit was still valid.)
+**Lost state.** Every script that grants first checks the server's generation marker
+(``generation()``, see generation.py): after a flush, a restart, a failover, it grants
+nothing for a quiet period. ``quiet()`` is the older, narrower check (an object whose
+state is missing, on a server younger than a ttl), kept for callers not yet moved over.
 
 Key names are built by the callers and passed in ``KEYS`` (never built inside a script);
 the keys of one object share a hash tag (see ``keys.py``), so the scripts run on Redis
@@ -49,6 +39,8 @@ Cluster as well.
 from __future__ import annotations
 
 from typing import Final
+
+from .generation import GENERATION_LUA
 
 __all__ = [
     "FENCED_APPEND",
@@ -67,7 +59,8 @@ GRANTED: Final = 1
 WAITING: Final = 0
 QUIET: Final = 2  # {QUIET, ms until the quiet period ends, the server's run id}
 
-PRELUDE: Final = """
+PRELUDE: Final = (
+    """
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -89,7 +82,8 @@ end
 local function quiet(quiet_key, ttl_ms, fresh_run_id)
   local info = redis.call('INFO', 'server')
   local run_id = string.match(info, 'run_id:(%x+)')
-  if fresh_run_id ~= '' and fresh_run_id == run_id then
+  if fresh_run_id ~= '' and
+      string.find(' ' .. fresh_run_id .. ' ', ' ' .. run_id .. ' ', 1, true) then
     return 0, run_id
   end
   -- The uptime counts the wall clock's whole seconds since the one the server started in
@@ -105,13 +99,24 @@ local function quiet(quiet_key, ttl_ms, fresh_run_id)
   end
   return wait, run_id
 end
+
+-- Raise the counter at fence_key to a holder's fence (a renewal reports it, see
+-- generation.py), so that no later grant mints below a fence still held.
+local function report_fence(fence_key, fence, fence_ttl_ms)
+  if tonumber(redis.call('GET', fence_key) or '0') < tonumber(fence) then
+    redis.call('SET', fence_key, fence, 'PX', fence_ttl_ms)
+  end
+end
 """
+    + GENERATION_LUA
+)
 
 # A lease is the lock key holding "<owner> <token>": the owner is unique per acquire call,
 # the token the fence minted with the grant (so a retried call can answer with it).
 #
-# KEYS: lock, fence counter, "someone is waiting" flag, quiet, this owner's tombstone
-# ARGV: owner, ttl ms, fence-counter ttl ms, fresh run id ('' if none)
+# KEYS: lock, fence counter, "someone is waiting" flag, generation marker, this owner's
+# tombstone
+# ARGV: owner, ttl ms, fence-counter ttl ms, vouched run ids ('' if none)
 # -> {GRANTED, token} | {WAITING, remaining ttl ms or -1} | {QUIET, ms, run id}
 LOCK_ACQUIRE: Final = (
     PRELUDE
@@ -132,11 +137,9 @@ if holder then
   redis.call('SET', KEYS[3], '1', 'PX', math.max(pttl, 0) + tonumber(ARGV[2]))
   return {0, pttl}
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local wait, run_id = quiet(KEYS[4], tonumber(ARGV[2]), ARGV[4])
-  if wait > 0 then
-    return {2, wait, run_id}
-  end
+local wait, run_id = generation(KEYS[4], tonumber(ARGV[2]), ARGV[4])
+if wait > 0 then
+  return {2, wait, run_id}
 end
 local token = mint(KEYS[2], ARGV[3], now_us())
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fmt(token), 'PX', ARGV[2])
@@ -144,15 +147,20 @@ return {1, token}
 """
 )
 
-# KEYS: lock; ARGV: "<owner> <token>", ttl ms -> 1 renewed (expiry reset to the full ttl) |
-# 0 not ours
-LOCK_EXTEND: Final = """
+# KEYS: lock, fence counter; ARGV: "<owner> <token>", ttl ms, token, fence-counter ttl ms
+# -> 1 renewed (expiry reset to the full ttl) | 0 not ours. Either way the token is
+# reported (see generation.py).
+LOCK_EXTEND: Final = (
+    PRELUDE
+    + """
+report_fence(KEYS[2], ARGV[3], ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
 """
+)
 
 # KEYS: lock, waiting flag, the owner's tombstone
 # ARGV: owner, channel, message, tombstone ttl ms ('0' for a release, the lease ttl for the

