@@ -132,7 +132,7 @@ class FleetAdmission:
                 member.admit(
                     [member.epoch_key, keys["cfg"], keys["bucket"], keys["quiet"], keys["holders"],
                      keys["charges"], keys["queue"], keys["waiters"], keys["needs"], keys["ticket"],
-                     member.tombstone(unit.tag, unit.id)],
+                     member.tombstone(unit.tag, unit.id), keys["marker"]],
                     [unit.id, unit.tokens, member.ttl_ms, member.ttl_ms, member.channel, unit.tag,
                      boot.fresh_run_id(member.client)],
                 )
