@@ -19,7 +19,7 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
@@ -56,6 +56,15 @@ class FleetAdmission:
     _loop: asyncio.AbstractEventLoop | None
     _lines: dict[ModelTuple, asyncio.Lock]
     _listeners: list[AdmissionListener]
+    _background: set[asyncio.Task[None]]  # settles, learnings, refreshes on their way
+    _closing: bool
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task of the fleet's loop, kept until done (awaited on exit)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Unit | None:
         """The admission hook's wait (see ``_admission.py``), told to the listeners."""
@@ -299,8 +308,8 @@ class Unit:
             loop.call_soon_threadsafe(self._send_soon)
 
     def _send_soon(self) -> None:
-        if self._sending is None and not self._done:
-            self._sending = asyncio.get_running_loop().create_task(self._send())
+        if self._sending is None and not self._done and not self.fleet._closing:
+            self._sending = self.fleet._in_background(self._send())
 
     async def _send(self) -> None:
         member = self.fleet._member
@@ -313,8 +322,13 @@ class Unit:
                     [self.id, value, member.channel, self.tag],
                 )
                 self._settled = value
-        except UNAVAILABLE_ERRORS as exc:
-            log.warning("fleet %r: settling a request failed: %s", self.fleet.name, exc)
+        except Exception as exc:  # it lapses with its unit; the release settles it too
+            log.warning(
+                "fleet %r: settling a request failed: %s",
+                self.fleet.name,
+                exc,
+                exc_info=not isinstance(exc, UNAVAILABLE_ERRORS),
+            )
         finally:
             self._sending = None
 
