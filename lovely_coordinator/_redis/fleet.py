@@ -115,6 +115,7 @@ class RedisFleet(FleetAdmission):
         self._learner: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Task[None]] = set()
         self._closing = False
 
     @property
@@ -228,10 +229,15 @@ class RedisFleet(FleetAdmission):
 
     async def statistics(self) -> FleetStatistics:
         """The fleet as the server sees it (members, and per governed tuple its limit, in
-        flight, queued, budget available, gate); this member's view while Redis cannot
-        be reached (``available=False``)."""
+        flight, queued, budget available, gate), after this member's own releases and
+        learnings have reached it; this member's view while Redis cannot be reached (``available=False``)."""
         require_asyncio()
         self._entered()
+        pending = set(self._releasing)  # this member's own releases and learnings: the
+        if self._learner is not None:  # view includes them
+            pending.add(self._learner)
+        if pending:
+            await asyncio.wait(pending, timeout=self.ttl)
         try:
             return await self._member.refresh()
         except UNAVAILABLE_ERRORS as exc:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from .. import _admission
 from .._errors import TupleSuspendedError, UsageError
 from .._settings import SUSPENDED_MESSAGE
 from .._types import ModelTuple
@@ -57,6 +56,7 @@ class FleetAdmission:
     _lines: dict[ModelTuple, asyncio.Lock]
     _listeners: list[AdmissionListener]
     _background: set[asyncio.Task[None]]  # settles, learnings, refreshes on their way
+    _releasing: set[asyncio.Task[None]]  # of which the releases
     _closing: bool
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -124,7 +124,7 @@ class FleetAdmission:
             await permit.lend(lent)
         except BaseException:
             if got and got[0] is not None:
-                await _admission.give_back(got[0], used=False)
+                got[0].release(used=False)
             raise
         return got[0]
 
@@ -332,8 +332,33 @@ class Unit:
         finally:
             self._sending = None
 
-    async def release(self, *, used: bool) -> None:
-        await self.give_back(used=used)
+    def release(self, *, used: bool) -> None:
+        """Give the unit back (``_admission.Admitted``): at once locally, to the server in
+        the background (a request's exit never waits: the httpx transport exits from sync
+        code and finalizers). From any thread; never raises."""
+        loop = self.fleet._loop
+        assert loop is not None
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._release_soon(used)
+        else:
+            loop.call_soon_threadsafe(self._release_soon, used)
+
+    def _release_soon(self, used: bool) -> None:
+        if self.local:
+            self._done = True
+            self.fleet._member.share.release(self.t)
+            self.fleet._wake_local(self.tag)
+        elif not self.fleet._closing:
+            task = self.fleet._in_background(self.give_back(used=used))
+            self.fleet._releasing.add(task)
+            task.add_done_callback(self.fleet._releasing.discard)
+        else:  # the fleet is being left: the unit lapses within its ttl
+            self._done = True
+            self.fleet._member.units.pop(self.id, None)
 
     async def give_back(self, *, used: bool, abandon: bool = False) -> None:
         self._done = True
