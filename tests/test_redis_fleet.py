@@ -251,6 +251,8 @@ async def test_learn_budget_teaches_the_fleet(
     with anyio.fail_after(10):
         async with members(redis_server, redis_connect, 2) as [(ca, a), (cb, b)]:
             ca.learn_budget(GPT, requests_per_minute=600, tokens_per_minute=1000)
+            await a.statistics()  # waits for what a learned, then b sees it too
+            await settled(b, tokens_per_minute=1000)
             cb.learn_budget(GPT, tokens_remaining=100)
             row = await settled(a, requests_per_minute=600, tokens_per_minute=1000)
             assert row.tokens_available is not None
