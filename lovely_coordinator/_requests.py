@@ -114,6 +114,7 @@ class RequestContext:
 
     __slots__ = (
         "_coordinator",
+        "_current",
         "_entered",
         "_frame",
         "_joined",
@@ -132,8 +133,10 @@ class RequestContext:
         tokens: int,
         order: int | None,
         reject: bool,
+        current: bool = True,
     ) -> None:
         self._coordinator = coordinator
+        self._current = current
         self._t = t
         self._tokens = tokens
         self._order = order
@@ -181,8 +184,9 @@ class RequestContext:
                 outside.release(used=False)
             raise
         request = self._request = ModelRequest(coordinator, ticket, outside)
-        frame = self._frame = (request, coordinator, task, current_request_var.get())
-        self._token = current_request_var.set(frame)
+        if self._current:
+            frame = self._frame = (request, coordinator, task, current_request_var.get())
+            self._token = current_request_var.set(frame)
         return request
 
     async def __aexit__(
@@ -195,10 +199,10 @@ class RequestContext:
         assert request is not None
         if self._joined:
             return
-        assert self._frame is not None
-        assert self._token is not None
         try:
-            restore(current_request_var, self._frame, self._token)
+            if self._token is not None:
+                assert self._frame is not None
+                restore(current_request_var, self._frame, self._token)
         finally:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)
