@@ -230,7 +230,8 @@ class RedisFleet(FleetAdmission):
     async def statistics(self) -> FleetStatistics:
         """The fleet as the server sees it (members, and per governed tuple its limit, in
         flight, queued, budget available, gate), after this member's own releases and
-        learnings have reached it; this member's view while Redis cannot be reached (``available=False``)."""
+        learnings have reached it; this member's view while Redis cannot be reached
+        (``available=False``)."""
         require_asyncio()
         self._entered()
         pending = set(self._releasing)  # this member's own releases and learnings: the
