@@ -72,9 +72,13 @@ class Admission(Protocol):
         tokens_per_minute: float | None,
         requests_remaining: float | None,
         tokens_remaining: float | None,
+        *,
+        answering: object | None = None,
     ) -> None:
         """What ``learn_budget`` was told (validated), for the hook's own budget; sync,
-        from any thread, never raises. The coordinator's own budget is then left alone."""
+        from any thread, never raises. The coordinator's own budget is then left alone.
+        ``answering``: the ``ModelRequest`` whose response reported the figures, if known
+        (the limits extension passes it)."""
 
     def document(self) -> dict[str, object]:
         """The hook's latest view as plain JSON data, for the statistics endpoint (sync,

@@ -173,7 +173,11 @@ async def _run(replicas: int, scale: float) -> int:
             for child in children:
                 await _collect_rest(child, seen)
         print(_format(seen, names, f"{name} {version}", server.port, began, scale))
-        return 0 if _problems(seen, names, scale) == [] else 1
+        from ._demo_fleet import shared_budget
+
+        lines, problems = await shared_budget(server.url, names, scale)
+        print("\n".join(lines))
+        return 0 if _problems(seen, names, scale) == [] and problems == [] else 1
 
 
 async def _collect(child: Child, seen: _Seen) -> None:

@@ -22,17 +22,19 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator
+from time import monotonic
 from typing import TYPE_CHECKING, Final, cast
 
 from ._events import BUDGETS, budget_exhausted
 from ._lines import (
     GRANTED,
+    PERMITS,
     QUEUED,
-    REQUESTS,
     Entry,
     Line,
     PermitTicket,
     ReadyEntry,
+    RequestTicket,
     Ticket,
     TupleState,
 )
@@ -85,7 +87,6 @@ class Engine:
         "_idle",
         "_ready",
         "_seq",
-        "_stopped",
         "_tuples",
         "_wakeup_seq",
         "_wakeups",
@@ -132,9 +133,6 @@ class Engine:
         self._ready: list[ReadyEntry] = []
         self._bypass: list[Entry] = []
         self._bypass_dead = 0
-        # Tuples whose covered line stopped behind a request wanting a slot of its own
-        # (see _serve_covered); the drain serves them again when it ends.
-        self._stopped: list[TupleState] = []
         self._wakeups: list[Wakeup] = []
         self._wakeup_seq = 0  # tie-breaker of equal instants (never compares tuples)
         for model_tuple, tuple_limit in (tuple_limits or {}).items():
@@ -209,7 +207,7 @@ class Engine:
         if head is None:
             return
         block = state.block
-        if line.kind == REQUESTS and block is not None and head.key > block.key:
+        if line.kind != PERMITS and block is not None and head.key > block.key:
             return  # held back behind the budget's front until its wake-up
         entry = line.entry
         if (
@@ -224,17 +222,14 @@ class Engine:
                 heapq.heapify(self._ready)
 
     def _wake_tuple(self, state: TupleState) -> None:
-        """Something may now run on this tuple (a gate opened, a cap or budget moved).
+        """Something may now run on this tuple (a gate opened, a cap or budget moved)."""
+        self._offer_all(state)
+        self._drain()
 
-        With a budget, its two request lines draw in one key order: the covered requests
-        go up to the first request that wants a slot of its own and may get one, the
-        drain grants that one (serving the covered ones ahead of each such request
-        first), and the covered requests left are served when the drain ends.
-        """
-        self._serve_covered(state)
+    def _offer_all(self, state: TupleState) -> None:
         self._offer(state.permits)
         self._offer(state.requests)
-        self._drain()
+        self._offer(state.covered)
 
     def _may_draw(self, state: TupleState, ticket: Ticket) -> bool:
         """Whether request ``ticket`` may draw from its tuple's budget now.
@@ -294,7 +289,7 @@ class Engine:
                 head = line.head() if state.line_admits(line) else None
                 block = state.block
                 if head is None or (
-                    line.kind == REQUESTS and block is not None and head.key > block.key
+                    line.kind != PERMITS and block is not None and head.key > block.key
                 ):
                     line.entry = None
                     heapq.heappop(ready)
@@ -308,29 +303,20 @@ class Engine:
                 self._grant(heapq.heappop(bypass)[2])
             elif ready:
                 line = ready[0][2]
-                if line.kind == REQUESTS:
-                    state = line.state
-                    if state.covered.items and (state.budgeted or state.limit is not None):
-                        calls = state.calls
-                        self._serve_covered(state)  # its covered requests ahead go first
-                        if state.calls != calls:
-                            continue  # they took calls (and budget): settle the top again
-                    if not self._may_draw(state, line.first()):
-                        line.entry = None
-                        heapq.heappop(ready)
-                        continue
+                if line.kind != PERMITS and not self._may_draw(line.state, line.first()):
+                    line.entry = None
+                    heapq.heappop(ready)
+                    continue
                 self._grant_from(line)
             else:
                 break
-        if self._stopped:
-            stopped, self._stopped = self._stopped, []
-            for state in stopped:
-                self._serve_covered(state)
 
     def _grant_from(self, line: Line) -> None:
         """Grant the head of ``line``, whose entry the drain just settled on top of
         ``_ready``, and re-key the line there (the only caller is :meth:`_drain`)."""
-        self._grant(line.pop())  # never touches _ready: a granted head covers nothing yet
+        # Never touches _ready: a permit granted from its line covers nothing yet, and a
+        # covered request's cover takes its slot back without offering anything.
+        self._grant(line.pop())
         head = line.head() if line.state.line_admits(line) else None
         ready = self._ready
         assert ready[0] is line.entry
@@ -342,7 +328,8 @@ class Engine:
             heapq.heapreplace(ready, line.entry)
 
     def _grant(self, ticket: Ticket) -> None:
-        """Give ``ticket`` a slot of its own (it left its line or the bypass heap)."""
+        """Give ``ticket`` a slot (it left its line or the bypass heap): one of its own,
+        or, for a covered request, its cover's, which the cover takes back."""
         state = ticket.tuple_state
         if self.observer is not None:
             self.observer.ended(ticket, "granted")
@@ -350,7 +337,16 @@ class Engine:
         self.queued -= 1
         state.queued -= 1
         self.active += 1
-        state.active += 1
+        if ticket.covered:
+            cover = ticket.cover
+            assert cover is not None
+            assert cover.parked
+            cover.parked = False
+            self.lent -= 1
+            cover.tuple_state.lent -= 1
+            cover.tuple_state.active += 1
+        else:
+            state.active += 1
         if ticket.reject and state.foreground is not None:
             state.foreground.pop(ticket, None)
         if ticket.bypass:
@@ -367,50 +363,6 @@ class Engine:
         if ticket.candidates:  # a reacquired permit may cover at once
             self._hand_cover(cast(PermitTicket, ticket))
 
-    def _serve_covered(self, state: TupleState) -> None:
-        """Grant the tuple's covered requests that may run (they need no free slot).
-
-        With a budget or a cap, they stop at a request of the tuple that wants a slot of
-        its own, is ahead of them and may get one: it goes first, in the drain, which
-        serves the tuple again when it ends (so a later covered request never overtakes
-        it for the budget or the tuple's calls).
-        """
-        line = state.covered
-        while state.open:
-            head = line.head()
-            if head is None:
-                return
-            if state.calls_full:
-                return
-            if (state.budgeted or state.limit is not None) and self._own_goes_first(state, head):
-                self._stopped.append(state)
-                return
-            if not self._may_draw(state, head):
-                return
-            line.pop()
-            if self.observer is not None:
-                self.observer.ended(head, "granted")
-            head.state = GRANTED
-            self.queued -= 1
-            state.queued -= 1
-            state.calls += 1
-            if head.reject and state.foreground is not None:
-                state.foreground.pop(head, None)
-            self._draw(state, head)
-            parker = head.parker
-            if parker is not None:
-                head.parker = None
-                parker.grant(True)
-
-    def _own_goes_first(self, state: TupleState, covered: Ticket) -> bool:
-        """Whether the head of the tuple's own-slot requests is ahead of ``covered`` and
-        may get a slot now (the drain's call: a better waiter may take it first)."""
-        own = state.requests.head()
-        if own is None or own.key > covered.key or self.active >= self.limit:
-            return False
-        block = state.block
-        return state.admits_calls and (block is None or own.key < block.key)
-
     def _draw(self, state: TupleState, ticket: Ticket) -> None:
         if not state.budgeted:
             return
@@ -425,7 +377,11 @@ class Engine:
             self._block_until(state, _ready_at(state, block, now))
 
     def _hand_cover(self, cover: PermitTicket) -> None:
-        """Give a held, free permit's slot to its best waiting candidate, if any."""
+        """Give a held permit that covers nothing to its best waiting candidate, if any.
+
+        Grants nothing by itself, unless the candidate may run on the cover's slot at
+        once (see :meth:`_reserve`); the caller drains.
+        """
         heap = cover.candidates
         if cover.state != GRANTED or cover.covering is not None or not heap:
             return
@@ -434,11 +390,92 @@ class Engine:
             state = request.tuple_state
             if request.seq == seq and request.line is state.requests:
                 state.requests.remove(request)
-                request.covered = True
-                cover.covering = request
-                state.covered.push(request)
-                self._serve_covered(state)
+                self._reserve(cover, request)
                 return
+
+    def _reserve(self, cover: PermitTicket, request: RequestTicket) -> None:
+        """``request`` is covered by ``cover`` (held, covering nothing) from now on.
+
+        Rule L: its rank is the better of its own order and its cover's; it runs on the
+        cover's slot at once if nothing else could take that slot and it may run now;
+        otherwise the cover is parked (its slot lent to the others, and counted lent)
+        and the request waits in its tuple's covered line like any waiter for a slot.
+        Either way the outcome is the drain's, had the cover been parked first. The
+        caller drains (the drain itself calls this for a reacquired cover, and goes on).
+        """
+        state = request.tuple_state
+        request.covered = True
+        cover.covering = request
+        if cover.order < request.accepted:
+            request.order = cover.order
+        home = cover.tuple_state
+        if (
+            not cover.parked
+            and (home.limit is None or home.active != home.limit)  # parking frees no line
+            and not self._ready
+            and not self._bypass
+            and self.active <= self.limit
+            and state.open
+            and (state.limit is None or state.calls < state.limit)
+            and self._may_draw(state, request)
+        ):
+            if self.observer is not None:
+                self.observer.ended(request, "granted")
+            request.state = GRANTED
+            self.queued -= 1
+            state.queued -= 1
+            if request.reject and state.foreground is not None:
+                state.foreground.pop(request, None)
+            state.calls += 1
+            self._draw(state, request)
+            parker = request.parker
+            if parker is not None:
+                request.parker = None
+                parker.grant(True)
+            return
+        state.covered.push(request)
+        if not cover.parked:
+            cover.parked = True
+            self.lent += 1
+            home.lent += 1
+            self.active -= 1
+            home.active -= 1
+            limit = home.limit
+            if limit is not None and home.active == limit - 1:
+                self._offer_all(home)  # its slots just dropped below its cap
+        self._offer(state.covered)
+
+    def _take_back(self, cover: PermitTicket) -> None:
+        """A parked permit whose request left unrun (and that covers nothing now) takes
+        its slot back: at once if one is free, else as a reacquire (its holder does not
+        wait for it), ahead of work accepted after it."""
+        if cover.candidates:
+            self._hand_cover(cover)
+            if cover.covering is not None:
+                self._drain()  # the candidate may run where the request could not
+                return
+        cover.parked = False
+        home = cover.tuple_state
+        if self.active < self.limit:
+            self.lent -= 1
+            home.lent -= 1
+            self.active += 1
+            home.active += 1
+            return
+        cover.state = QUEUED
+        cover.bypass = True
+        self._seq += 1
+        cover.seq = self._seq
+        cover.since = None
+        self.queued += 1
+        home.queued += 1
+        heapq.heappush(self._bypass, (cover.order, cover.seq, cover))
+        self._wait_started(cover)
+
+    def _wait_started(self, ticket: Ticket) -> None:
+        ticket.since = monotonic()
+        if self.observer is not None:
+            self.observer.started(ticket)
 
     def _return_slot(self, state: TupleState) -> None:
         self.active -= 1

@@ -23,15 +23,17 @@ class Lending(Settings):
 
     __slots__ = ()
 
-    def _give_up_cover(self, permit: PermitTicket) -> bool:
-        """A held permit stops covering; True if a request is in flight on its slot."""
+    def _unpark(self, permit: PermitTicket) -> None:
+        """A parked permit is lent or released: its reserved request goes back to a slot
+        of its own (and, lent, to waiting for the permit as a candidate)."""
         request = permit.covering
-        if request is None:
-            return False
-        if request.state == GRANTED:
-            return True
-        self._uncover(request)  # reserved only: back to a slot of its own
-        return False
+        assert permit.parked
+        assert request is not None
+        permit.parked = False
+        if permit.state == DONE:
+            self.lent -= 1
+            permit.tuple_state.lent -= 1
+        self._uncover(request)
 
     def _uncover(self, request: RequestTicket) -> None:
         state = request.tuple_state
@@ -39,6 +41,7 @@ class Lending(Settings):
         assert cover is not None
         state.covered.remove(request)
         request.covered = False
+        request.order = request.accepted  # its rank was its cover's (rule L)
         cover.covering = None
         if cover.state == DONE:
             request.cover = None
@@ -64,12 +67,15 @@ class Lending(Settings):
         withdrawn: Wakeable | None = None
         if state == GRANTED:
             ticket.state = LENT
-            self.lent += 1
-            ticket.tuple_state.lent += 1
-            if self._give_up_cover(ticket):
-                ticket.deferred = True
+            if ticket.parked:
+                self._unpark(ticket)  # lent already (counted so), its slot out already
             else:
-                self._return_slot(ticket.tuple_state)
+                self.lent += 1
+                ticket.tuple_state.lent += 1
+                if ticket.covering is not None:
+                    ticket.deferred = True  # a request is in flight on its slot
+                else:
+                    self._return_slot(ticket.tuple_state)
         elif state == QUEUED:
             assert ticket.bypass
             if self.observer is not None:

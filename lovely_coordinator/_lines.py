@@ -58,7 +58,7 @@ STATE_NAMES: Final = ("inactive", "queued", "granted", "lent", "done")
 # Line kinds.
 PERMITS: Final = 0  # permits and reservations: a slot, the gate, the tuple cap
 REQUESTS: Final = 1  # model requests wanting a slot of their own: the same, plus the budget
-COVERED: Final = 2  # model requests on a permit's slot: the gate, the budget, a foreign cap
+COVERED: Final = 2  # model requests on a permit's lent slot: a slot, the gate, calls, budget
 
 # A line is rebuilt once it holds more than this many dead entries and they are the
 # majority; below that, dead entries are cheaper to pop as they surface.
@@ -98,10 +98,12 @@ class Ticket:
     A permit's own: ``origin`` (the acceptance order it was first granted with),
     ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
     request on its slot, reserved or in flight), ``candidates`` (a heap of requests
-    waiting for its slot to be free) and ``deferred`` (lent or released, its slot stays
-    taken until the request in flight on it ends). A request's own: ``tokens`` (its
-    charge: the estimate, then what it settled), ``cover`` (the permit whose slot it may
-    use) and ``covered`` (it is, queued or in flight, on that slot).
+    waiting for its slot to be free), ``deferred`` (lent or released, its slot stays
+    taken until the request in flight on it ends) and ``parked`` (held, but its slot is
+    lent while the request it covers waits; rule L in ``_scheduler.py``). A request's
+    own: ``accepted`` (its acceptance order; ``order`` is its rank, see rule L),
+    ``tokens`` (its charge: the estimate, then what it settled), ``cover`` (the permit
+    whose slot it may use) and ``covered`` (it is, queued or in flight, on that slot).
     """
 
     __slots__ = (
@@ -125,6 +127,8 @@ class Ticket:
     covering: RequestTicket | None = None
     candidates: list[Candidate] | None = None
     deferred: bool = False
+    parked: bool = False
+    accepted: int = 0
     tokens: int = 0
     cover: PermitTicket | None = None
     covered: bool = False
@@ -155,13 +159,14 @@ class Ticket:
 class PermitTicket(Ticket):
     """A permit's or a reservation's ticket (see :class:`Ticket`)."""
 
-    __slots__ = ("candidates", "covering", "deferred", "lends", "origin")
+    __slots__ = ("candidates", "covering", "deferred", "lends", "origin", "parked")
 
     origin: int
     lends: int
     covering: RequestTicket | None
     candidates: list[Candidate] | None
     deferred: bool
+    parked: bool
 
     def __init__(self, order: int, seq: int, tuple_state: TupleState, reject: bool) -> None:
         # Every field set here, not through super(): this runs for every acquire.
@@ -181,15 +186,17 @@ class PermitTicket(Ticket):
         self.covering = None
         self.candidates = None
         self.deferred = False
+        self.parked = False
 
 
 @final
 class RequestTicket(Ticket):
     """A model request's ticket (see :class:`Ticket`)."""
 
-    __slots__ = ("cover", "covered", "tokens")
+    __slots__ = ("accepted", "cover", "covered", "tokens")
 
     request: ClassVar[bool] = True
+    accepted: int
     tokens: int
     cover: PermitTicket | None
     covered: bool
@@ -208,6 +215,7 @@ class RequestTicket(Ticket):
         self.parker = None
         self.error = None
         self.since = None
+        self.accepted = order
         self.tokens = tokens
         self.cover = None
         self.covered = False
@@ -334,18 +342,20 @@ class TupleState:
     """The bookkeeping of one model tuple.
 
     Invariants (checked by ``Scheduler.check_invariants``):
-        * ``active`` counts the slots on this tuple: its GRANTED permits and GRANTED
-          requests on a slot of their own, plus lent or released permits whose slot is
-          deferred; ``calls`` counts its GRANTED requests, on slots of their own or on
-          covers of any tuple (the calls in flight at the provider).
+        * ``active`` counts the slots on this tuple: its GRANTED permits that are not
+          parked and GRANTED requests on a slot of their own, plus lent or released
+          permits whose slot is deferred; ``calls`` counts its GRANTED requests, on
+          slots of their own or on covers of any tuple (the calls in flight).
         * A cap bounds both: nothing but a reacquire is granted a slot on the tuple
-          while ``active >= limit`` (a reacquire may exceed it), and no request of the
+          while ``active >= limit`` (a reacquire or a parked permit taking its slot
+          back may exceed it), and no request of the
           tuple is granted while ``calls >= limit`` (nothing exceeds that).
         * ``queued`` counts its INACTIVE and QUEUED tickets (reacquires included).
         * ``foreground`` holds exactly its queued tickets with ``reject`` set.
         * ``inactive`` holds exactly its INACTIVE tickets (reservations not yet activated,
-          which are in no line), oldest first; ``lent`` counts its LENT permits and
-          queued reacquires (so the tuple is never idle while a permit of it is lent).
+          which are in no line), oldest first; ``lent`` counts its LENT and parked
+          permits and queued reacquires (so the tuple is never idle while a permit of
+          it is lent).
         * ``block``, when set, is the earliest request that the budget holds back (the
           *front*); no request of the tuple with a later key may draw until
           ``block_until``, when the budget holds the front.
@@ -422,7 +432,12 @@ class TupleState:
 
     def line_admits(self, line: Line) -> bool:
         """Whether the head of ``line`` (one of this tuple's) passes the gate and cap."""
-        return self.admits_calls if line.kind == REQUESTS else self.admits
+        kind = line.kind
+        if kind == PERMITS:
+            return self.admits
+        if kind == REQUESTS:
+            return self.admits_calls
+        return self.open and (self.limit is None or self.calls < self.limit)
 
     @property
     def budgeted(self) -> bool:

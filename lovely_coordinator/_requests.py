@@ -73,7 +73,7 @@ class ModelRequest:
         self._coordinator = coordinator
         self._outer = outer  # its admission by a fleet (see _admission.py)
         self._ticket = ticket
-        self._order = ticket.order
+        self._order = ticket.accepted
         self._settled = 0  # its largest settlement so far (for instruments' token counts)
 
     def __repr__(self) -> str:

@@ -20,25 +20,44 @@ both). A model request needs the same and one more thing: its tuple's budget mus
 
 A request may also run on the slot of its task's current permit (its *cover*) instead of
 a slot of its own: a permit covers one request at a time. A request entered while its
-cover is free is *covered* at once and waits only for the gate, the budget and its
-tuple's calls; otherwise it waits for a slot of its own *and* as a *candidate* of its
-cover, and takes the cover as soon as the cover is free. So requests in flight never
-outnumber slots, and a task holding the only slot that fans out requests never
-deadlocks: its requests take turns on its own slot.
+cover is free is *covered* at once; otherwise it waits for a slot of its own *and* as a
+*candidate* of its cover, and is covered as soon as the cover is free. So requests in
+flight never outnumber slots, and a task holding the only slot that fans out requests
+never deadlocks: its requests take turns on its own slot.
+
+Rule L: a waiting request holds no slot (CONTRACT §9)
+----------------------------------------------------
+A permit whose holder has a covered request waiting, and no request in flight on it, is
+*parked*: its slot is lent to the other waiters (it counts as lent) while the request
+waits for its gate, its budget, its tuple's calls or a slot, and the request takes the
+slot back when it is admitted, as its cover's. The covered request competes for slots
+like any waiter, with the better of its own acceptance order and its cover's as its
+*rank*: ahead of all work accepted after its permit, as the permit itself was. (When
+nothing else could take the slot and the request may run at once, it simply runs on the
+slot its permit holds: the same outcome, without the round trip.) A parked permit that
+is lent or released hands its request back to a slot of its own; one whose request
+leaves unrun (cancelled, refused by a closing gate) covers its next candidate, or takes
+its slot back at once if one is free, else as a reacquire that its holder does not wait
+for (its holder runs on meanwhile, as a lender's child does).
 
 Caps: two bounds (CONTRACT §9)
 ------------------------------
 A tuple's cap bounds two things apart: its *slots* (permits held on it and requests on
-slots of their own; a reacquire may take it past them, as §1 says) and its *calls* (its
-requests in flight, on any slot, covered by a permit of any tuple; nothing takes it past
-them). A permit needs a slot below the cap; a request on a slot of its own needs both; a
-covered request needs only a call below the cap, whichever tuple its cover is on. So a
-request never waits for a unit that a permit holds while its holder waits for that very
-request: the calls in flight that a request waits for end whatever their holders do, and
-covered requests of a tuple all wait for the same things (its gate, its calls, its
-budget), so none holds back another of its tuple for a reason of its own. Within a tuple,
-requests take its calls and its budget in key order: covered ones stop at a request that
-wants a slot of its own, is ahead of them and may get one now.
+slots of their own; a reacquire, or a parked permit taking its slot back, may take it
+past them, as §1 says of reacquires) and its *calls* (its requests in flight, on any
+slot, covered by a permit of any tuple; nothing takes it past them). A permit needs a
+slot below the cap; a request on a slot of its own needs both; a covered request needs a
+call below the cap and a free slot, whichever tuple its cover is on.
+
+Why nothing deadlocks: a waiter holds nothing that another waiter needs. A request waits
+for a gate (opens), a budget (refills), its tuple's calls (held by requests in flight,
+which end) or a slot (held by permits whose holders are not waiting on a request, by
+requests in flight and by reacquires, which all end or become lent); a permit waits for
+slots of the same kinds. A holder waiting on its own request has lent its slot (rule L)
+or has a request in flight on it, which ends. Order within a tuple: requests take its
+calls and its budget in rank order (an own-slot request's rank is its acceptance order),
+so a small request never overtakes a larger one of better rank waiting for the budget.
+The liveness invariant of tests/test_scheduler.py checks all this after every step.
 
 Budgets are strict within a tuple: once the budget holds back the earliest request that
 could otherwise run (the *block*), no later request of that tuple draws until the budget
@@ -49,8 +68,8 @@ and calls :meth:`advance` when it fires. Budgets never hold back permits.
 Data structures, and why every operation is O(log n)
 ----------------------------------------------------
 * Each tuple has three lines (``_lines.Line``): permits, requests wanting a slot of their
-  own, covered requests. The first two compete for slots through ``_ready``, a heap of
-  lines keyed by (a lower bound of) their head's key; a line is pushed when it may have
+  own, covered requests (keyed by rank). All three compete for slots through ``_ready``,
+  a heap of lines keyed by (a lower bound of) their head's key; a line is pushed when it may have
   become runnable and a popped entry is re-checked (lazy deletion), so closing a gate,
   hitting a cap or a budget costs nothing up front.
 * ``_bypass`` is a heap of reacquiring permits, which ignore gates and caps.
@@ -92,11 +111,14 @@ class Scheduler(Lending):
 
     Invariants (``check_invariants`` verifies them; the tests call it after every step):
         * ``active`` = slots taken (sum of the tuples' ``active``), ``queued`` = INACTIVE
-          + QUEUED tickets, ``lent`` = LENT permits plus queued reacquires.
+          + QUEUED tickets, ``lent`` = LENT and parked permits plus queued reacquires.
         * Work-conserving: after every call, if ``active < limit`` then no queued ticket
-          may run now; and no covered request that may run waits.
-        * A permit covers at most one request; a covered request's cover is held (or,
-          in flight, keeps its slot deferred); a free held permit has no live candidate.
+          may run now.
+        * A permit covers at most one request; a waiting covered request's cover is held
+          and parked, and the request's rank is the better of the two orders; one in
+          flight has its cover's slot (deferred, if the cover was lent or released); a
+          free held permit has no live candidate.
+        * No request is granted while its tuple's calls are at its cap.
         * Every budget block has a live wake-up at ``block_until``; every timed closure a
           live wake-up at ``reopens_at``.
         * Every idle tuple in ``_tuples`` is also in ``_idle`` (at most ``IDLE_KEPT``).
@@ -122,14 +144,10 @@ class Scheduler(Lending):
         if self.observer is not None:
             self.observer.refused(state.tuple)
 
-    def _would_run(
-        self, state: TupleState, order: int | None, tokens: int, cover: Ticket | None
-    ) -> bool:
-        """Whether a new request would be admitted at once (for max_queued; a pure read)."""
-        if cover is not None:
-            if not state.open or state.calls_full:
-                return False
-        elif not (self.active < self.limit and state.admits_calls):
+    def _would_run(self, state: TupleState, order: int | None, tokens: int) -> bool:
+        """Whether a new request on a slot of its own would be admitted at once (for
+        max_queued; a pure read)."""
+        if not (self.active < self.limit and state.admits_calls):
             return False
         if not state.budgeted:
             return True
@@ -267,7 +285,7 @@ class Scheduler(Lending):
             and not self._ready
             and not self._bypass
             and state.admits_calls
-            and (not state.budgeted or self._would_run(state, order, tokens, None))
+            and (not state.budgeted or self._would_run(state, order, tokens))
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
             # the best waiter there is; granted at once, it never queues.
@@ -283,7 +301,9 @@ class Scheduler(Lending):
             return ticket
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
         if self.max_queued is not None:
-            self._busy(state, self._would_run(state, order, tokens, cover if covered else None))
+            # A request its permit covers is never refused: that permit was admitted, and
+            # covers one request at a time, so these waiters are bounded by the permits.
+            self._busy(state, covered or self._would_run(state, order, tokens))
         ticket = RequestTicket(*self._order(order), state, reject, tokens)
         self._queue(state, ticket)
         ticket.state = QUEUED
@@ -292,10 +312,8 @@ class Scheduler(Lending):
         else:
             ticket.cover = cover
             if covered:
-                ticket.covered = True
-                cover.covering = ticket
-                state.covered.push(ticket)
-                self._serve_covered(state)
+                self._reserve(cover, ticket)
+                self._drain()
             else:
                 if cover.candidates is None:
                     cover.candidates = []
@@ -374,8 +392,10 @@ class Scheduler(Lending):
         else:
             assert isinstance(ticket, PermitTicket)
             if state == GRANTED:
-                if ticket.covering is not None and self._give_up_cover(ticket):
-                    ticket.deferred = True
+                if ticket.parked:
+                    self._unpark(ticket)  # its slot is lent already: nothing to return
+                elif ticket.covering is not None:
+                    ticket.deferred = True  # a request is in flight on its slot
                 else:
                     self._return_slot(ticket.tuple_state)
             else:
@@ -394,17 +414,24 @@ class Scheduler(Lending):
         cover = ticket.cover
         state.calls -= 1
         if not ticket.covered or cover is None:
-            self._return_slot(state)
+            self._return_slot(state)  # (it wakes the tuple if its calls were at its cap)
             return
+        # Every change first, then one drain: the cover's next request is reserved (rule
+        # L) before anything is granted, so it competes with its rank like the others.
         cover.covering = None
-        if state.limit is not None and state.calls == state.limit - 1:
-            self._wake_tuple(state)  # its calls just dropped below its cap
+        home = cover.tuple_state
         if cover.deferred:
             cover.deferred = False
-            self._return_slot(cover.tuple_state)
+            self.active -= 1
+            home.active -= 1
+            if home.limit is not None and home.active == home.limit - 1:
+                self._offer_all(home)  # its slots just dropped below its cap
         else:
             self._hand_cover(cover)
-            self._drain()
+        if state.limit is not None and state.calls == state.limit - 1:
+            self._offer_all(state)  # its calls just dropped below its cap
+        self._drain()
+        self._forget_if_idle(home)
         self._forget_if_idle(state)
 
     # -- checking ---------------------------------------------------------------------------------

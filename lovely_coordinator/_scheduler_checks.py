@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._engine import BUDGET, GATE, IDLE_KEPT, wakeup_live
-from ._lines import DONE, GRANTED, INACTIVE, QUEUED, REQUESTS, Line, Ticket, TupleState
+from ._lines import DONE, GRANTED, INACTIVE, PERMITS, QUEUED, Line, Ticket, TupleState
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -71,6 +71,7 @@ def check_invariants(engine: Engine) -> None:
     """Assert every invariant the scheduler's state shows (see ``Scheduler``)."""
     assert engine._counter >= 0
     ready_entries = {id(e) for e in engine._ready}
+    covered = 0  # waiting covered requests, each with its own parked cover
     for model_tuple, state in engine._tuples.items():
         assert state.tuple == model_tuple
         assert not state.idle or model_tuple in engine._idle, f"idle tuple kept: {model_tuple}"
@@ -101,34 +102,35 @@ def check_invariants(engine: Engine) -> None:
             assert state.block_until is not None
             assert _has_wakeup(engine, state.block_until, BUDGET, state), f"no wake: {state}"
         # Each runnable line (whose head is not held back) is represented in _ready.
-        for line in (state.permits, state.requests):
+        for line in (state.permits, state.requests, state.covered):
             head = peek(line)
             if head is None or not state.line_admits(line):
                 continue
-            if line.kind == REQUESTS and _held_back(state, head):
+            if line.kind != PERMITS and _held_back(state, head):
                 continue
             entry = line.entry
             assert entry is not None, f"{line} runnable but not ready"
             assert entry[:2] <= (head.order, head.seq), f"{line} ready with a later key"
             assert id(entry) in ready_entries, f"{line} entry not in the ready heap"
-        # Covered requests wait only for the gate, a foreign cap or the budget.
+        # Rule L: a waiting covered request's cover is held and parked, and it ranks
+        # at the better of its own order and its cover's.
         for waiting in state.covered.items:
             ticket = waiting[2]
             if not state.covered.live(waiting):
                 continue
+            covered += 1
             cover = ticket.cover
             assert cover is not None, f"{ticket}: no cover"
             assert cover.state == GRANTED, f"{ticket}: cover not held"
+            assert cover.parked, f"{ticket}: cover not parked"
             assert cover.covering is ticket, f"{ticket}: cover covers another"
-        covered_head = peek(state.covered)
-        if covered_head is not None and state.open:
-            assert state.calls_full or _held_back(state, covered_head), (
-                f"{covered_head} could run on its cover but waits"
-            )
+            assert ticket.order == min(ticket.accepted, cover.order), f"{ticket}: rank"
         # A held permit that covers nothing has no waiting candidate.
         for waiting in state.requests.items:
             ticket = waiting[2]
             cover = ticket.cover
+            if state.requests.live(waiting):
+                assert ticket.order == ticket.accepted, f"{ticket}: ranked off its cover"
             if not state.requests.live(waiting) or cover is None:
                 continue
             if cover.state == GRANTED and cover.covering is None:
@@ -142,7 +144,7 @@ def check_invariants(engine: Engine) -> None:
     assert all(e[2].bypass for e in bypass_live)
     assert engine.active == sum(s.active for s in engine._tuples.values())
     assert engine.queued == sum(s.queued for s in engine._tuples.values())
-    assert engine.lent >= len(bypass_live)
+    assert engine.lent >= len(bypass_live) + covered, "parked covers count as lent"
     assert engine.lent == sum(s.lent for s in engine._tuples.values()), "lent per tuple"
     for reacquire in bypass_live:
         ticket = reacquire[2]
@@ -158,4 +160,11 @@ def check_invariants(engine: Engine) -> None:
             head = peek(state.requests)
             assert head is None or _held_back(state, head), (
                 f"{state.tuple} request could run but waits"
+            )
+        for state in engine._tuples.values():
+            if not state.line_admits(state.covered):
+                continue
+            head = peek(state.covered)
+            assert head is None or _held_back(state, head), (
+                f"{state.tuple} covered request could run but waits"
             )

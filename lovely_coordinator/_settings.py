@@ -74,7 +74,7 @@ class Settings(Engine):
             if covered and cover is not None:
                 ticket.covered = False
                 cover.covering = None
-                self._hand_cover(cover)
+                self._take_back(cover)  # it was parked for this request (rule L)
             if state.block is ticket:
                 self._unblock(state)  # the front left: the next one may need less
         self._forget_if_idle(state)
@@ -279,12 +279,9 @@ class Settings(Engine):
         # Everything due happened at once: grant in order across all of it, not one
         # wake-up after the other (a later one could hold a better key).
         for state in woken:
-            self._serve_covered(state)  # up to an earlier request wanting a slot
-            self._offer(state.permits)
-            self._offer(state.requests)
+            self._offer_all(state)
         self._drain()
         for state in woken:
-            self._serve_covered(state)
             self._forget_if_idle(state)
         self._changed()
         return True

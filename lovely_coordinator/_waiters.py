@@ -104,9 +104,9 @@ def reason(state: TupleState, ticket: Ticket, now: float) -> Reason:
         return "capacity"
     if not _gate_open(state, now):
         return "gate"
-    if ticket.covered:  # on its permit's slot: only its tuple's calls can matter
-        return "tuple_limit" if state.calls_full else "budget"
-    if state.capped or (ticket.request and state.calls_full):
+    if ticket.request and state.calls_full:
+        return "tuple_limit"
+    if not ticket.covered and state.capped:  # (a covered one takes its cover's slot back)
         return "tuple_limit"
     if ticket.request and _budget_holds_back(state, ticket, now):
         return "budget"
@@ -153,7 +153,7 @@ def waiters(
             result.append(
                 WaiterStatistics(
                     state.tuple,
-                    ticket.order,
+                    ticket.accepted if ticket.request else ticket.order,
                     0.0 if since is None else max(0.0, monotonic_now - since),
                     reason(state, ticket, now),
                     _kind(ticket),

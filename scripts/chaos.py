@@ -7,9 +7,10 @@
 Each run starts two throwaway servers and replica processes, injects faults (see
 ``tests/redis_chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
 holder accepted, never more pool holders than the limit while their permits could be shown
-held, no closure shortened. The exit status is 1 if any run broke a promise (with
-``--unfenced``: if any run lost *no* update, as the oracle would then be blind). The
-replicas' logs go to a file in the temporary directory, named at the end.
+held, no closure shortened, never more fleet calls in flight than the fleet's limit, and
+never more tokens admitted by the fleet than its bucket allowed. The exit status is 1 if
+any run broke a promise (with ``--unfenced``: if any run lost *no* update, as the oracle
+would then be blind). The replicas' logs go to a file in the temporary directory, named at the end.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=0.6, help="of leases and permits")
-    parser.add_argument("--limit", type=int, default=2, help="of the permit pool")
+    parser.add_argument("--limit", type=int, default=2, help="of the permit pool and the fleet")
+    parser.add_argument(
+        "--tokens-per-minute", type=float, default=6000.0, help="the fleet's budget (50 a call)"
+    )
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--unfenced", action="store_true", help="plain reads (expect lost updates)")
     args = parser.parse_args()
@@ -49,6 +53,7 @@ def main() -> int:
                 replicas=args.replicas,
                 ttl=args.ttl,
                 limit=args.limit,
+                tokens_per_minute=args.tokens_per_minute,
                 faults=tuple(args.faults),
                 unfenced=args.unfenced,
             )

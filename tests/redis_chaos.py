@@ -30,7 +30,12 @@ The oracle (:func:`check`) then reads what the replicas reported and what the st
   shown held (a stalled holder past its deadline is not counted: that is what fencing is
   for);
 * **shortened closures**: no replica that knew the closure ever sees the gate open before
-  its reopen time; one started after a server restart must see it closed within 5 s.
+  its reopen time; one started after a server restart must see it closed within 5 s;
+* **fleet in flight**: at no instant more than ``limit`` fleet calls whose units could
+  still be shown held (as for the pool);
+* **fleet budget**: the tokens admitted in any window of the server's clock never exceed
+  what the bucket allowed: its capacity (the per-minute amount) plus its refill over the
+  window (every call is charged the same and settles at its charge, so nothing is refunded).
 
 Nothing here changes what it checks: the store is only read.
 """
@@ -82,6 +87,7 @@ class ChaosConfig:
     limit: int = 2
     faults: Sequence[str] = FAULTS
     unfenced: bool = False  # plain reads: the oracle must then see lost updates
+    tokens_per_minute: float = 6000.0  # the fleet's budget (each call charges 50)
     gap: tuple[float, float] = (0.6, 1.6)  # seconds between the end of a fault and the next
 
 
@@ -110,6 +116,7 @@ class Observations:
     closed: tuple[float, float] | None = None  # (time, seconds)
     restarts: list[float] = dataclasses.field(default_factory=list)
     faults: Counter[str] = dataclasses.field(default_factory=Counter)
+    units: list[tuple[float, float, int, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,9 @@ class Findings:
     pool_over_limit: int
     shortened_closures: int
     unrestored_closures: int
+    max_fleet_in_flight: int = 0
+    fleet_over_limit: int = 0
+    fleet_over_budget: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +144,7 @@ class ChaosReport:
     faults: Counter[str]
     seconds: float
     gate_samples: int = 0  # changes of the gate's state seen, after the closure
+    units: int = 0  # fleet calls made
 
     @property
     def clean(self) -> bool:
@@ -144,14 +155,51 @@ class ChaosReport:
             or f.pool_over_limit
             or f.shortened_closures
             or f.unrestored_closures
+            or f.fleet_over_limit
+            or f.fleet_over_budget
         )
 
 
 # --- the oracle ---------------------------------------------------------------------------
 
 
+def _overlaps(intervals: Sequence[tuple[float, float]], limit: int) -> tuple[int, int]:
+    """The most intervals open at once, and how many times more than ``limit`` were."""
+    events = sorted(
+        [(start, 1) for start, end in intervals if end > start]
+        + [(end, -1) for start, end in intervals if end > start]
+    )  # at equal times ends (-1) sort first: a hand-off is not an overlap
+    current = peak = over = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+        over += step > 0 and current > limit
+    return peak, over
+
+
+def over_budget(admissions: Sequence[tuple[int, int]], per_minute: float) -> int:
+    """Windows of admissions ``(server ms, tokens)`` that took more than a token bucket of
+    ``per_minute`` (capacity ``per_minute``, refilled at ``per_minute / 60`` a second)
+    allowed: for each admission, whether some window ending with it exceeds the bound."""
+    rate = per_minute / 60_000  # tokens a millisecond
+    over = 0
+    best = -float("inf")  # max over window starts i of (rate * t_i - tokens before i)
+    taken = 0.0
+    for at, tokens in sorted(admissions):
+        best = max(best, rate * at - taken)
+        taken += tokens
+        # tokens in [i, now] = taken - before_i; allowed = capacity + rate * (now - t_i)
+        if taken - rate * at + best > per_minute + 1e-6:
+            over += 1
+    return over
+
+
 def check(
-    entries: Sequence[tuple[int, str]], seen: Observations, limit: int, until: float
+    entries: Sequence[tuple[int, str]],
+    seen: Observations,
+    limit: int,
+    until: float,
+    tokens_per_minute: float | None = None,
 ) -> Findings:
     """The oracle over the store's final log and the replicas' reports (a pure function)."""
     values = [int(entry) for _, entry in entries]
@@ -161,15 +209,13 @@ def check(
         if turn.get("seen") is None or turn.get("fence") is None:
             continue
         superseded += sum(1 for fence, _ in entries[turn["seen"] :] if fence < turn["fence"])
-    events = sorted(
-        [(start, 1) for start, end, _ in seen.holds if end > start]
-        + [(end, -1) for start, end, _ in seen.holds if end > start]
-    )  # at equal times ends (-1) sort first: a hand-off is not an overlap
-    current = peak = over = 0
-    for _, step in events:
-        current += step
-        peak = max(peak, current)
-        over += step > 0 and current > limit
+    peak, over = _overlaps([(start, end) for start, end, _ in seen.holds], limit)
+    fleet_peak, fleet_over = _overlaps([(start, end) for start, end, _, _ in seen.units], limit)
+    budget_over = 0
+    if tokens_per_minute is not None:
+        budget_over = over_budget(
+            [(at, tokens) for _, _, at, tokens in seen.units], tokens_per_minute
+        )
     shortened = unrestored = 0
     if seen.closed is not None:
         closed_at, seconds = seen.closed
@@ -186,7 +232,18 @@ def check(
                     shortened += 1  # it knew of the closure, and reopened early
                 elif end > _learn_by(view.started, closed_at, seen.restarts, end):
                     unrestored += 1  # it should have learned of the closure by then
-    return Findings(len(values), lost, superseded, peak, over, shortened, unrestored)
+    return Findings(
+        len(values),
+        lost,
+        superseded,
+        peak,
+        over,
+        shortened,
+        unrestored,
+        fleet_peak,
+        fleet_over,
+        budget_over,
+    )
 
 
 def _learn_by(started: float, closed_at: float, restarts: Sequence[float], time: float) -> float:
@@ -230,6 +287,9 @@ class _Replica:
                 elif "gate" in report:
                     time, is_open = report["gate"]
                     self.view.changes.append((time, is_open))
+                elif "unit" in report:
+                    start, end, at, tokens = report["unit"]
+                    seen.units.append((start, end, at, tokens))
                 elif "closed" in report:
                     time, seconds = report["closed"]
                     seen.closed = (time, seconds)
@@ -269,7 +329,7 @@ class _Run:
 
     async def start_replica(self, index: int) -> _Replica:
         argv = [REPLICA, self.proxies[index].url, self.store.url, f"r{index}"]
-        argv += [str(self.config.ttl), str(self.config.limit)]
+        argv += [str(self.config.ttl), str(self.config.limit), str(self.config.tokens_per_minute)]
         if self.config.unfenced:
             argv.append("--unfenced")
         child = await Child.start(*argv, stderr=self.stderr)
@@ -366,7 +426,7 @@ async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None)
                     await proxy.close()
         async with redis.asyncio.Redis.from_url(store.url) as client:
             entries = await FencedLog(client, "counter").entries()
-    findings = check(entries, run.seen, config.limit, until)
+    findings = check(entries, run.seen, config.limit, until, config.tokens_per_minute)
     outcomes = Counter(turn["outcome"] for turn in run.seen.turns)
     closed_at = run.seen.closed[0] if run.seen.closed is not None else float("inf")
     samples = sum(1 for view in run.seen.gates for time, _ in view.changes if time >= closed_at)
@@ -378,6 +438,7 @@ async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None)
         run.seen.faults,
         anyio.current_time() - began,
         samples,
+        len(run.seen.units),
     )
 
 
@@ -386,6 +447,7 @@ def format_table(reports: Sequence[ChaosReport]) -> str:
     header = [
         "seed", "secs", "faults", "turns ok", "turns failed", "writes", "lost upd",
         "superseded", "holds", "max holders", "over limit", "shortened", "unrestored",
+        "fleet calls", "fleet max", "fleet over", "over budget",
     ]  # fmt: skip
     rows = [header]
     for r in reports:
@@ -395,7 +457,8 @@ def format_table(reports: Sequence[ChaosReport]) -> str:
             r.config.seed, f"{r.seconds:.0f}", sum(r.faults.values()), r.outcomes["ok"], failed,
             f.entries, f.lost_updates, f.superseded_accepted, r.holds,
             f"{f.max_pool_holders}/{r.config.limit}", f.pool_over_limit, f.shortened_closures,
-            f.unrestored_closures,
+            f.unrestored_closures, r.units, f"{f.max_fleet_in_flight}/{r.config.limit}",
+            f.fleet_over_limit, f.fleet_over_budget,
         ]  # fmt: skip
         rows.append([str(cell) for cell in cells])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

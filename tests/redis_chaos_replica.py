@@ -1,6 +1,7 @@
 """One replica of the chaos runs (run as a script by ``redis_chaos.py``, never collected).
 
-``python redis_chaos_replica.py LOCK_URL STORE_URL NAME TTL LIMIT [--unfenced]``
+``python redis_chaos_replica.py LOCK_URL STORE_URL NAME TTL LIMIT TOKENS_PER_MINUTE
+[--unfenced]``
 
 It does, at the same time, what a server replica of an agent runtime does:
 
@@ -11,7 +12,11 @@ It does, at the same time, what a server replica of an agent runtime does:
 * **permits** of the pool ``pool`` (limit LIMIT), taken by two tasks in turn and held
   briefly, or now and then for longer than a renewal;
 * **gates**: a ``RedisGates`` keeps its coordinator in step; it samples whether the tuple
-  ``chaos/gpt`` is open.
+  ``chaos/gpt`` is open;
+* **fleet calls**: two tasks make model requests for ``chaos/fleet`` one after another,
+  admitted by the ``RedisFleet`` ``chaos`` (``on_unavailable="wait"``): its tuple limit is
+  LIMIT, its budget TOKENS_PER_MINUTE tokens a minute, each call charged
+  :data:`FLEET_TOKENS`.
 
 Everything it observes is printed at once, one JSON object per line (a SIGKILL must lose
 as little as possible), with times on the loop clock, which is the system-wide monotonic
@@ -25,7 +30,10 @@ clock, comparable across the processes of one machine:
   the earlier of its release and the last local deadline it was renewed to (the part of
   the hold during which the permit could still be shown held);
 * ``{"gate": [time, open]}`` whenever the sampled state of the tuple changes;
-* ``{"closed": [time, seconds]}`` after it closed the tuple on request.
+* ``{"closed": [time, seconds]}`` after it closed the tuple on request;
+* ``{"unit": [start, end, server_ms, tokens]}`` for each fleet call: from when it was
+  admitted to the earlier of its end and the member's last local deadline (while the
+  unit could be shown held), the server's time of the admission, and its charge.
 
 Commands on stdin, one JSON string per line (as ``Child.send`` writes them):
 ``"close SECONDS"`` (close the tuple through the gates) and ``"stop"``.
@@ -46,10 +54,18 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from lovely_coordinator import ModelTuple, create_agent_coordinator
-from lovely_coordinator.redis import FencedLog, RedisGates, RedisLocker, RedisPermitPool
+from lovely_coordinator.redis import (
+    FencedLog,
+    RedisFleet,
+    RedisGates,
+    RedisLocker,
+    RedisPermitPool,
+)
 from lovely_coordinator.turns import TurnRegistry
 
 GATED = ModelTuple("chaos", "gpt")
+FLEETED = ModelTuple("chaos", "fleet")
+FLEET_TOKENS = 50
 
 
 def report(**fields: Any) -> None:
@@ -120,6 +136,46 @@ async def permits(args: argparse.Namespace, lock: redis.asyncio.Redis) -> None:
             tg.start_soon(holder)
 
 
+async def fleet_calls(args: argparse.Namespace, lock: redis.asyncio.Redis) -> None:
+    rng = random.Random(f"{args.name}-fleet")
+    coordinator = create_agent_coordinator(4)
+    fleet = RedisFleet(lock, coordinator, name="chaos", ttl=args.ttl, on_unavailable="wait")
+    while True:
+        try:
+            await fleet.__aenter__()
+            await fleet.set_tuple_limit(FLEETED, args.limit)
+            await fleet.set_budget(FLEETED, tokens_per_minute=args.tokens_per_minute)
+        except Exception:
+            if fleet._stack is not None:
+                await fleet.__aexit__(None, None, None)
+                fleet = RedisFleet(
+                    lock, coordinator, name="chaos", ttl=args.ttl, on_unavailable="wait"
+                )
+            await anyio.sleep(0.2)  # Redis unreachable at start: try again
+            continue
+        break
+
+    async def caller() -> None:
+        while True:
+            try:
+                async with coordinator.request(FLEETED, tokens=FLEET_TOKENS) as call:
+                    start = anyio.current_time()
+                    await anyio.sleep(rng.uniform(0.02, 0.1))
+                    end = anyio.current_time()
+                    deadline: float = fleet._member._deadline
+                    unit: Any = call._outer
+                    report(unit=[start, min(end, deadline), unit.admitted_ms, FLEET_TOKENS])
+            except Exception:
+                await anyio.sleep(0.05)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(caller)
+    finally:
+        await fleet.__aexit__(None, None, None)
+
+
 async def gates(args: argparse.Namespace, lock: redis.asyncio.Redis) -> None:
     coordinator = create_agent_coordinator(4)
     shared = RedisGates(lock, coordinator, resync_interval=2.0)
@@ -169,6 +225,7 @@ async def main(args: argparse.Namespace) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(turns, args, lock, store)
         tg.start_soon(permits, args, lock)
+        tg.start_soon(fleet_calls, args, lock)
         await gates(args, lock)  # returns on "stop"
         tg.cancel_scope.cancel()
 
@@ -180,5 +237,6 @@ if __name__ == "__main__":
     parser.add_argument("name")
     parser.add_argument("ttl", type=float)
     parser.add_argument("limit", type=int)
+    parser.add_argument("tokens_per_minute", type=float)
     parser.add_argument("--unfenced", action="store_true")
     asyncio.run(main(parser.parse_args()))

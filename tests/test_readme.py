@@ -96,3 +96,17 @@ def test_redis_example_runs() -> None:
 
     with ThrowawayServer() as server:
         asyncio.run(main(server.url))
+
+
+def test_fleet_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    (source,) = [block for block in _blocks() if "RedisFleet(" in block]
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "README.md", "exec"), namespace)
+
+    async def main(url: str) -> None:
+        with anyio.fail_after(30):
+            await namespace["worker"](url)
+
+    with ThrowawayServer() as server:
+        asyncio.run(main(server.url))
+    assert capsys.readouterr().out == "0\n"

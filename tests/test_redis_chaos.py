@@ -84,6 +84,22 @@ def test_the_oracle_sees_a_closure_not_learned_in_time() -> None:
     assert check([], seen, limit=1, until=60).unrestored_closures == 0
 
 
+def test_the_oracle_sees_fleet_calls_over_the_limit_and_the_budget() -> None:
+    seen = Observations(units=[(0.0, 1.0, 0, 50), (0.5, 2.0, 10, 50), (1.0, 3.0, 20, 50)])
+    findings = check([], seen, limit=2, until=100, tokens_per_minute=6000)
+    assert (findings.max_fleet_in_flight, findings.fleet_over_limit) == (2, 0)
+    assert findings.fleet_over_budget == 0  # 150 tokens: within the full bucket of 6000
+    seen.units.append((1.5, 1.6, 30, 50))
+    findings = check([], seen, limit=2, until=100, tokens_per_minute=6000)
+    assert (findings.max_fleet_in_flight, findings.fleet_over_limit) == (3, 1)
+    # A full bucket (6000), then 100 a second: 130 calls of 50 in the first second is 500
+    # too many; the same spread over 6 s is within the bucket.
+    burst = [(0.0, 0.0, i, 50) for i in range(130)]
+    assert check([], Observations(units=burst), 200, 100, 6000).fleet_over_budget > 0
+    spread = [(0.0, 0.0, i * 50, 50) for i in range(130)]
+    assert check([], Observations(units=spread), 200, 100, 6000).fleet_over_budget == 0
+
+
 def test_the_table_has_a_row_per_run() -> None:
     findings = check([(1, "1")], Observations(), limit=2, until=1)
     from .redis_chaos import ChaosReport
@@ -105,6 +121,8 @@ async def test_a_chaos_run_keeps_every_promise() -> None:
     assert report.findings.max_pool_holders == 2  # the cap was reached, never passed
     assert report.findings.entries >= report.outcomes["ok"]
     assert report.gate_samples >= 3  # the replicas saw the gate close
+    assert report.units >= 50  # fleet calls went on between the faults
+    assert report.findings.max_fleet_in_flight == 2  # the fleet's limit reached, never passed
 
 
 async def test_without_fenced_reads_the_same_faults_lose_updates() -> None:

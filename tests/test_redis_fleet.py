@@ -310,3 +310,25 @@ async def test_the_endpoint_and_top_show_the_fleet(
             screen = console.export_text()
             assert "Redis unreachable" in screen
             assert "governs no tuple" in screen
+
+
+async def test_a_learned_remaining_amount_takes_off_what_was_admitted_since(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(10):
+        async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:
+            await fleet.set_budget(GPT, tokens_per_minute=60_000)  # 1,000 a second
+            async with coordinator.request(GPT, tokens=100) as answered:
+                pass
+            async with coordinator.request(GPT, tokens=300):
+                pass
+            # The provider said 1,000 remained when the first call reached it; the second
+            # (300) was admitted after that, so at most about 700 remain now.
+            fleet.learn(GPT, None, 60_000, None, 1_000, answering=answered)
+            while True:
+                row = (await fleet.statistics()).tuples[0]
+                assert row.tokens_available is not None
+                if row.tokens_available < 5_000:
+                    break
+                await anyio.sleep(0.01)  # (sent in the background)
+            assert 600 < row.tokens_available < 900

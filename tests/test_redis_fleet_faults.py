@@ -65,7 +65,7 @@ async def test_unreachable_local_mode_admits_at_the_member_share(
             await a.set_budget(GPT, tokens_per_minute=60_000)
             assert (await a.statistics()).members == 2
             own_server.kill()
-            with caplog.at_level(logging.WARNING, "lovely_coordinator.redis"):
+            with caplog.at_level(logging.INFO, "lovely_coordinator.redis"):
                 stats = await a.statistics()
                 assert not stats.available
                 inside = peak = 0

@@ -578,22 +578,28 @@ def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero
 @pytest.mark.parametrize("covered_first", [True, False])
 def test_covered_and_own_slot_requests_of_a_tuple_draw_in_one_order(covered_first: bool) -> None:
     # Regression: when the budget moved, the covered line was served to its end before
-    # (or after) the requests wanting a slot of their own, whatever their keys.
+    # (or after) the requests wanting a slot of their own, whatever their keys. A
+    # covered request ranks at its cover's order when that is better (rule L).
     s, _clock = make(5)
     s.set_budget(A, None, 100.0)
-    cover, other = enqueue(s, B), enqueue(s, B)
+    cover, other = enqueue(s, B), enqueue(s, B)  # orders 1 and 2
     spender = request(s, tokens=100)
     if covered_first:
-        early = request(s, tokens=10, cover=cover)
-        large = request(s, tokens=85)  # a slot of its own is free
-        late = request(s, tokens=10, cover=other)
+        early = request(s, tokens=10, cover=cover)  # rank 1
+        large = request(s, tokens=85)  # order 5, a slot of its own is free
+        late = request(s, tokens=10, cover=other)  # rank 2: ahead of the large one
+        held_back = large
     else:
-        early = request(s, tokens=10)
-        large = request(s, tokens=85, cover=cover)
-        late = request(s, tokens=10)
+        early = request(s, tokens=10)  # order 4
+        large = request(s, tokens=85, cover=cover)  # rank 1
+        late = request(s, tokens=10)  # order 6
+        held_back = late
+    assert (early.accepted, large.accepted, late.accepted) == (4, 5, 6)
     s.settle(spender, 0)  # 100 back
-    assert states(early, large, late) == [GRANTED, GRANTED, QUEUED]
-    assert s._tuples[A].block is late
+    assert [t.state == GRANTED for t in (early, large, late)] == [
+        t is not held_back for t in (early, large, late)
+    ]
+    assert s._tuples[A].block is held_back
     s.check_invariants()
 
 
@@ -743,6 +749,8 @@ class Ref:
     covering: Ref | None = None
     deferred: bool = False
     candidate: bool = False  # waits as a candidate of its cover
+    accepted: int = 0  # a request's acceptance order (``order`` is its rank: rule L)
+    parked: bool = False  # a held permit whose slot is lent while its request waits
 
     @property
     def key(self) -> tuple[int, int]:
@@ -779,7 +787,10 @@ class Model:
             1
             for r in self.refs
             if r.t == t
-            and ((r.state == GRANTED and not r.covered) or (r.deferred and not r.request))
+            and (
+                (r.state == GRANTED and not r.covered and not r.parked)
+                or (r.deferred and not r.request)
+            )
         )
 
     def calls_on(self, t: ModelTuple) -> int:
@@ -795,7 +806,9 @@ class Model:
 
     @property
     def lent(self) -> int:
-        return sum(1 for r in self.refs if r.state == LENT or (r.state == QUEUED and r.bypass))
+        return sum(
+            1 for r in self.refs if r.state == LENT or (r.state == QUEUED and r.bypass) or r.parked
+        )
 
     def is_open(self, t: ModelTuple) -> bool:
         return t not in self.closed
@@ -859,20 +872,43 @@ class Model:
         elif block is not None:
             self.blocks[r.t] = (block[0], self.ready_at(block[0]))
 
+    def candidates_of(self, p: Ref) -> list[Ref]:
+        return [
+            r
+            for r in self.refs
+            if r.candidate and r.cover is p and r.state == QUEUED and not r.covered
+        ]
+
     def hand_covers(self) -> None:
         for p in self.refs:
             if p.request or p.state != GRANTED or p.covering is not None:
                 continue
-            candidates = [
-                r
-                for r in self.refs
-                if r.candidate and r.cover is p and r.state == QUEUED and not r.covered
-            ]
+            candidates = self.candidates_of(p)
             if candidates:
-                best = min(candidates, key=_key)
-                best.candidate = False
-                best.covered = True
-                p.covering = best
+                self.reserve(p, min(candidates, key=_key))
+
+    def reserve(self, p: Ref, r: Ref) -> None:
+        """Rule L: ``r`` is covered by ``p``, ranks at the better of the two orders, and
+        ``p`` lends its slot until ``r`` runs (granting it at once when it may run is the
+        scheduler's shortcut to the same outcome)."""
+        r.candidate = False
+        r.covered = True
+        p.covering = r
+        r.order = min(r.accepted, p.order)
+        p.parked = True
+
+    def take_back(self, p: Ref) -> None:
+        """A parked permit whose request left unrun takes its slot back (or covers its
+        next candidate): at once if a slot is free, else as a reacquire."""
+        candidates = self.candidates_of(p)
+        if candidates:
+            self.reserve(p, min(candidates, key=_key))
+            return
+        free = self.active < self.limit
+        p.parked = False
+        if not free:
+            self.seq += 1
+            p.state, p.bypass, p.seq = QUEUED, True, self.seq
 
     def settle(self) -> None:
         """Grant everything that may run, in key order, to a fixed point."""
@@ -883,8 +919,8 @@ class Model:
                 if r.state != QUEUED:
                     continue
                 if r.covered:
-                    ok = self.is_open(r.t) and not self.calls_full(r.t)
-                    ok = ok and not self.held_back(r)
+                    ok = self.active < self.limit and self.is_open(r.t)
+                    ok = ok and not self.calls_full(r.t) and not self.held_back(r)
                 elif r.bypass:
                     ok = self.active < self.limit
                 else:
@@ -902,6 +938,8 @@ class Model:
                 best.bypass = False
             elif best.request:
                 self.draw(best)
+            if best.covered:
+                _cover(best).parked = False  # it takes its slot back
             best.candidate = False
 
     def wake_due(self) -> bool:
@@ -932,7 +970,7 @@ class Model:
 
     def new_ref(self, ticket: Ticket, t: ModelTuple, order: int, reject: bool) -> Ref:
         self.seq += 1
-        ref = Ref(ticket, t, order, self.seq, INACTIVE, reject, origin=order)
+        ref = Ref(ticket, t, order, self.seq, INACTIVE, reject, origin=order, accepted=order)
         self.refs.append(ref)
         return ref
 
@@ -952,7 +990,9 @@ class Model:
         if r.state == GRANTED:
             return True
         r.covered = False
+        r.order = r.accepted
         p.covering = None
+        p.parked = False
         if p.state != DONE:
             r.candidate = True
         else:
@@ -960,12 +1000,14 @@ class Model:
         return False
 
     def discard(self, r: Ref) -> None:
-        if r.covered and r.cover is not None:
-            r.cover.covering = None
+        covered = r.covered and r.cover is not None
         r.covered = False
         r.candidate = False
         r.bypass = False
         r.state = DONE
+        if covered:
+            _cover(r).covering = None
+            self.take_back(_cover(r))
         block = self.blocks.get(r.t)
         if block is not None and block[0] is r:
             del self.blocks[r.t]
@@ -1096,7 +1138,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if (
             m.max_queued is not None
             and m.queued >= m.max_queued
-            and not self._request_would_run(t, explicit, tokens, live_cover, covered)
+            and not covered  # a request its permit covers is never refused
+            and not self._request_would_run(t, explicit, tokens)
         ):
             with pytest.raises(CoordinatorBusyError):
                 self.s.enqueue_request(
@@ -1114,22 +1157,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         if live_cover is not None:
             ref.cover = live_cover
             if covered:
-                ref.covered = True
-                live_cover.covering = ref
+                m.reserve(live_cover, ref)
             else:
                 ref.candidate = True
         m.settle()
         self._park(ref)
 
-    def _request_would_run(
-        self, t: ModelTuple, explicit: int | None, tokens: int, cover: Ref | None, covered: bool
-    ) -> bool:
+    def _request_would_run(self, t: ModelTuple, explicit: int | None, tokens: int) -> bool:
         m = self.m
-        if covered:
-            assert cover is not None
-            if not m.is_open(t) or m.calls_full(t):
-                return False
-        elif not (m.active < m.limit and m.admits(t) and not m.calls_full(t)):
+        if not (m.active < m.limit and m.admits(t) and not m.calls_full(t)):
             return False
         if not m.budgeted(t):
             return True
@@ -1433,6 +1469,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert ticket.state == r.state, (r, ticket)
             assert ticket.covered == r.covered, (r, ticket)
             assert ticket.bypass == r.bypass, (r, ticket)
+            assert ticket.parked == r.parked, (r, ticket)
             if r.state == QUEUED:
                 assert (ticket.order, ticket.seq) == r.key, (r, ticket)
             parker = self.parkers.get(id(r))

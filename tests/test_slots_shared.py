@@ -8,6 +8,8 @@ The rules themselves are checked step by step against the model in test_schedule
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
@@ -142,7 +144,62 @@ async def test_case_3_calls_never_exceed_the_cap_after_a_reacquire_bypassed_it()
             tg.start_soon(agent_y)
             await wait_all_tasks_blocked()
             assert provider.now == {GPT: 1}
-            assert coord.active_count == 2  # both permits hold a slot: the reacquire bypassed
+            # X's reacquire took T past its cap; the waiting call's permit is lent (rule L).
+            stats = coord.statistics()
+            assert (stats.active, stats.queued, stats.lent) == (1, 1, 1)
             finish.set()
         assert provider.peak == {GPT: 1}
         assert_idle(coord)
+
+
+async def test_case_4_a_request_waiting_for_its_gate_holds_no_slot() -> None:
+    # Rule L: agent A's permit is lent while A's call waits for the closed GPT gate, so
+    # B's CLAUDE work runs on that slot meanwhile; once the gate opens, A's call takes
+    # the slot back ahead of C, accepted after A's permit. (Before: A's permit kept the
+    # only slot idle until the gate reopened.)
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        coord.close_tuple(GPT)
+        log: list[str] = []
+        b_may_end = anyio.Event()
+
+        async def agent(name: str, call: ModelTuple, wait: anyio.Event | None = None) -> None:
+            async with coord.permit(CLAUDE):
+                log.append(f"{name} holds")
+                async with coord.request(call):
+                    log.append(f"{name} calls {call.model}")
+                    if wait is not None:
+                        await wait.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent, "A", GPT)
+            await wait_all_tasks_blocked()
+            stats = coord.statistics()
+            assert (stats.active, stats.queued, stats.lent) == (0, 1, 1)  # A's slot is lent
+            assert _waiters(coord) == [(GPT, 2, "gate")]  # what the endpoint shows
+            tg.start_soon(agent, "B", CLAUDE, b_may_end)
+            await wait_all_tasks_blocked()
+            assert log == ["A holds", "B holds", "B calls claude"]
+            tg.start_soon(agent, "C", CLAUDE)
+            await wait_all_tasks_blocked()
+            coord.open_tuple(GPT)
+            await wait_all_tasks_blocked()
+            assert log[-1] == "B calls claude"  # the only slot is B's until B ends
+            b_may_end.set()
+        assert log == [
+            "A holds",
+            "B holds",
+            "B calls claude",
+            "A calls gpt",  # A's call took its slot back ahead of C
+            "C holds",
+            "C calls claude",
+        ]
+        assert_idle(coord)
+
+
+def _waiters(coord: AgentCoordinator) -> list[tuple[ModelTuple, int, str]]:
+    """The endpoint's waiters: (tuple, acceptance order, reason)."""
+    document = json.loads(coord._document())
+    return [
+        (ModelTuple(*w["tuple"]), w["acceptance_order"], w["reason"]) for w in document["waiters"]
+    ]

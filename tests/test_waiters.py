@@ -184,4 +184,4 @@ def test_budget_reasons_without_a_block_and_on_a_cover() -> None:
     s.release(drawn)
     covered = s.enqueue_request(B, None, False, 0, cover)
     assert covered.covered
-    assert reasons(snapshot(s, clock)) == [(B, covered.order, "budget", "request")]
+    assert reasons(snapshot(s, clock)) == [(B, covered.accepted, "budget", "request")]

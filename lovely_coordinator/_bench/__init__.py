@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SECTIONS", "Figure", "main"]
 
-SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider", "observe")
+SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider", "fleet", "observe")
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from .._errors import (
 )
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_index
-from .fleet_admit import AdmissionListener, FleetAdmission
+from .fleet_admit import AdmissionListener, FleetAdmission, Unit
 from .fleet_member import UNAVAILABLE_ERRORS, Member
 from .fleet_state import FleetStatistics, fleet_document
 from .renewal import best_effort
@@ -239,10 +239,27 @@ class RedisFleet(FleetAdmission):
         tokens_per_minute: float | None,
         requests_remaining: float | None,
         tokens_remaining: float | None,
+        *,
+        answering: object | None = None,
     ) -> None:
         """Teach the fleet's budget what a provider reported (sent in the background; what
-        arrives meanwhile is merged: the latest rates, the least remaining)."""
-        learned = (requests_per_minute, tokens_per_minute, requests_remaining, tokens_remaining)
+        arrives meanwhile is merged: the latest rates, the latest remaining amounts).
+
+        ``answering``: the ``ModelRequest`` whose response reported the figures. Its
+        admission's marks let the fleet take off what it admitted since, which the
+        provider had not counted yet (see ``fleet_scripts.SET``).
+        """
+        marks: tuple[float | None, float | None, float | None] = (None, None, None)
+        unit = getattr(answering, "_outer", None)
+        if isinstance(unit, Unit) and unit.fleet is self and unit.admitted_ms is not None:
+            marks = (*unit.marks, float(unit.admitted_ms))
+        learned = (
+            requests_per_minute,
+            tokens_per_minute,
+            requests_remaining,
+            tokens_remaining,
+            *marks,
+        )
         loop = self._loop
         assert loop is not None
         try:
@@ -318,18 +335,14 @@ class RedisFleet(FleetAdmission):
             self._learner = None
 
 
-_Learned = tuple[float | None, float | None, float | None, float | None]
+_Learned = tuple[
+    float | None, float | None, float | None, float | None, float | None, float | None, float | None
+]
 
 
 def _merge(old: _Learned, new: _Learned) -> _Learned:
-    """Two learnings as one: the later rates, the lesser remaining amounts."""
-
-    def least(a: float | None, b: float | None) -> float | None:
-        return b if a is None else a if b is None else min(a, b)
-
-    return (
-        new[0] if new[0] is not None else old[0],
-        new[1] if new[1] is not None else old[1],
-        least(old[2], new[2]),
-        least(old[3], new[3]),
-    )
+    """Two learnings as one: the later rates, and the later remaining amounts (with their
+    marks) where the later one reports any."""
+    rates = (new[0] if new[0] is not None else old[0], new[1] if new[1] is not None else old[1])
+    left = new[2:] if new[2] is not None or new[3] is not None else old[2:]
+    return (*rates, *left)

@@ -98,7 +98,7 @@ class FleetAdmission:
             if reply.wait == 0:
                 return unit.granted()
         elif int(reply[0]) == scripts.GRANTED:
-            return unit.granted()
+            return unit.granted(reply)
         elif int(reply[0]) == fleet_scripts.UNGOVERNED:
             member.known.put(t, Setting())
             return None
@@ -177,7 +177,7 @@ class FleetAdmission:
                     tag = int(reply[0])
                     if tag == scripts.GRANTED:
                         if anyio.current_time() < local_deadline(unit.sent, member.ttl):
-                            return unit.granted()
+                            return unit.granted(reply)
                         log.warning(
                             "fleet %r: a grant arrived after its ttl; given back", self.name
                         )
@@ -232,6 +232,11 @@ class FleetAdmission:
             watch.event.set()
 
 
+def _mark(value: Any) -> float | None:
+    raw = text(value) if isinstance(value, bytes | str) else value
+    return None if raw in ("", None) else float(raw)
+
+
 @dataclass(frozen=True, slots=True)
 class Offline:
     """What an attempt comes to while Redis is unreachable: admitted locally (``wait`` 0),
@@ -256,6 +261,9 @@ class Unit:
         self.tokens = tokens  # the current charge
         self.sent = 0.0
         self.local = False
+        self.admitted_ms: int | None = None  # the server's time of the admission (ms)
+        # What the bucket had drawn in all (requests, tokens) once it was admitted.
+        self.marks: tuple[float | None, float | None] = (None, None)
         self._sending: asyncio.Task[None] | None = None
         self._settled = tokens
         self._done = False
@@ -263,7 +271,11 @@ class Unit:
     def reset(self) -> None:
         self.id = uuid.uuid4().hex
 
-    def granted(self) -> Unit:
+    def granted(self, reply: Sequence[Any] | None = None) -> Unit:
+        """Admitted (by the script's ``reply``; None: locally): held from now on."""
+        if reply is not None:
+            self.admitted_ms = int(reply[2])
+            self.marks = (_mark(reply[3]), _mark(reply[4]))
         member = self.fleet._member
         if not self.local:
             member.units[self.id] = (self.t, member.keys(self.tag)["holders"])

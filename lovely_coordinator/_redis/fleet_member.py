@@ -16,7 +16,6 @@ same channel (``"<tag> <ticket>"``: waiters of that tuple up to that ticket re-t
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 import uuid
@@ -310,7 +309,7 @@ class Member:
             await self.change("charge", t, requests, tokens)
         self.available = True
         self.back.set()
-        log.log(logging.WARNING, "fleet %r: Redis is reachable again; rejoined", self.name)
+        log.info("fleet %r: Redis is reachable again; rejoined", self.name)
         await self.reload()
 
     def statistics_offline(self) -> FleetStatistics:

@@ -77,11 +77,19 @@ local function refill(bucket_key, rpm, tpm, now)
 end
 
 local function store(bucket_key, rq, tk, now)
-  redis.call('DEL', bucket_key)
   local fields = {'at', g(now)}
   if rq then table.insert(fields, 'rq'); table.insert(fields, g(rq)) end
   if tk then table.insert(fields, 'tk'); table.insert(fields, g(tk)) end
   redis.call('HSET', bucket_key, unpack(fields))
+  if not rq then redis.call('HDEL', bucket_key, 'rq') end
+  if not tk then redis.call('HDEL', bucket_key, 'tk') end
+end
+
+-- What the bucket has drawn in all (requests, tokens): the marks a learned remaining
+-- amount is compared with (see SET's 'learn').
+local function drawn(bucket_key, requests, tokens)
+  if requests ~= 0 then redis.call('HINCRBYFLOAT', bucket_key, 'drq', requests) end
+  if tokens ~= 0 then redis.call('HINCRBYFLOAT', bucket_key, 'dtk', tokens) end
 end
 
 -- Drop expired units and waiters (KEYS 5..9 of ADMIT's layout, given explicitly).
@@ -116,7 +124,9 @@ end
 # KEYS: 1 epoch, 2 cfg, 3 bucket, 4 quiet, 5 holders, 6 charges, 7 queue, 8 waiters,
 #       9 needs, 10 ticket counter, 11 this attempt's tombstone
 # ARGV: 1 id, 2 tokens, 3 unit ttl ms, 4 waiter ttl ms, 5 channel, 6 tag, 7 fresh run id
-# -> {GRANTED, ticket} | {WAITING, ms or -1, ticket, closed 0/1} | {QUIET, ms, run id}
+# -> {GRANTED, ticket, server ms, drawn requests, drawn tokens ('' without a budget)}
+#  | {WAITING, ms or -1, ticket, closed 0/1}
+#  | {QUIET, ms, run id}
 #  | {UNGOVERNED} | {LOST}
 ADMIT: Final = (
     _FLEET_PRELUDE
@@ -138,7 +148,7 @@ local now_ms = math.floor(now / 1000)
 local purged = purge(KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], now_ms)
 if redis.call('ZSCORE', KEYS[5], id) then
   -- A retried call whose first reply was lost: the unit stands.
-  return {1, tonumber(redis.call('HGET', KEYS[6], id .. ':ticket') or '0')}
+  return {1, tonumber(redis.call('HGET', KEYS[6], id .. ':ticket') or '0'), now_ms}
 end
 if limit and redis.call('EXISTS', KEYS[10]) == 0 then
   local wait, run_id = quiet(KEYS[4], tonumber(ARGV[3]), ARGV[7])
@@ -184,14 +194,16 @@ if rpm or tpm then
   if rq then rq = rq - 1 end
   if tk then tk = tk - tokens end
   store(KEYS[3], rq, tk, now)
+  drawn(KEYS[3], 1, tokens)
 end
+local marks = redis.call('HMGET', KEYS[3], 'drq', 'dtk')
 redis.call('ZREM', KEYS[7], id)
 redis.call('ZREM', KEYS[8], id)
 redis.call('HDEL', KEYS[9], id)
 redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[3]), id)
 redis.call('HSET', KEYS[6], id, ARGV[2], id .. ':ticket', ticket)
 if purged > 0 then announce(KEYS[5], KEYS[7], limit, ARGV[5], ARGV[6]) end
-return {1, ticket}
+return {1, ticket, now_ms, marks[1] or '', marks[2] or ''}
 """
 )
 
@@ -212,6 +224,7 @@ if tpm and delta ~= 0 then
   local rq, tk = refill(KEYS[2], rpm, tpm, now)
   tk = math.min(tpm, tk - delta)
   store(KEYS[2], rq, tk, now)
+  drawn(KEYS[2], 0, delta)
   if delta < 0 then announce(KEYS[3], KEYS[5], limit, ARGV[3], ARGV[4]) end
 end
 return 1
@@ -245,8 +258,10 @@ if expiry and tonumber(expiry) > now_ms then
     if ARGV[3] == '0' then
       if rq then rq = math.min(rpm, rq + 1) end
       if tk then tk = math.min(tpm, tk + charged) end
+      drawn(KEYS[2], -1, -charged)
     elseif tk then
       tk = math.min(tpm, tk - (tonumber(ARGV[2]) - charged))
+      drawn(KEYS[2], 0, tonumber(ARGV[2]) - charged)
     end
     store(KEYS[2], rq, tk, now)
   end
@@ -294,15 +309,19 @@ return 1
 #   restore rpm tpm limit (only where the tuple has no settings; the buckets start empty;
 #     closures are restored by a separate 'close')
 #   charge requests tokens (admitted while Redis was unreachable: drawn now)
-#   learn rpm tpm requests-remaining tokens-remaining (from a provider's headers: a rate
-#     sets its dimension unless it was set explicitly; a remaining amount lowers what is
-#     available to it, never raises it)
+#   learn rpm tpm requests-remaining tokens-remaining [drawn-requests drawn-tokens ms]
+#     (from a provider's headers: a rate sets its dimension unless it was set explicitly;
+#     a remaining amount lowers what is available, never raises it. With the marks of the
+#     request the headers answer (what the bucket had drawn in all when it was admitted,
+#     and when), the bound is the remaining amount plus the refill since, less what was
+#     drawn since: the provider had not counted those yet)
 # -> the epoch id
 SET: Final = (
     _FLEET_PRELUDE
     + """
 local op, tag = ARGV[1], ARGV[2]
 local a, b, c, d = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local mark_rq, mark_tk, mark_ms = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   epoch = ARGV[4]
@@ -311,6 +330,7 @@ end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local rpm, tpm, limit, closed = config(KEYS[3])
+local before = {rpm, tpm, limit, closed}
 local flags = redis.call('HMGET', KEYS[3], 'rpm_learned', 'tpm_learned')
 local rpm_learned, tpm_learned = flags[1], flags[2]
 local rq, tk = refill(KEYS[4], rpm, tpm, now)
@@ -333,6 +353,16 @@ elseif op == 'learn' then
   if a and (not rpm or rpm_learned) then new_rpm, rpm_learned = a, '1' end
   if b and (not tpm or tpm_learned) then new_tpm, tpm_learned = b, '1' end
   budget(new_rpm, new_tpm)
+  if mark_ms then
+    local minutes = math.max(0, now_ms - mark_ms) / 60000
+    local since = redis.call('HMGET', KEYS[4], 'drq', 'dtk')
+    if c and rq then
+      c = c + rpm * minutes - math.max(0, (tonumber(since[1]) or 0) - (mark_rq or 0))
+    end
+    if d and tk then
+      d = d + tpm * minutes - math.max(0, (tonumber(since[2]) or 0) - (mark_tk or 0))
+    end
+  end
   if c and rq then rq = math.min(rq, c) end
   if d and tk then tk = math.min(tk, d) end
 elseif op == 'limit' then
@@ -365,7 +395,12 @@ if #fields > 0 then
 else
   redis.call('HDEL', KEYS[2], tag)
 end
-redis.call('PUBLISH', ARGV[3], tag .. ' *')
+if op ~= 'learn' or before[1] ~= rpm or before[2] ~= tpm then
+  -- Members re-read the settings, and the tuple's waiters re-try. (Not for a learned
+  -- remaining amount, which only ever lowers what is available: it arrives with every
+  -- response, and would wake every waiter of the fleet each time.)
+  redis.call('PUBLISH', ARGV[3], tag .. ' *')
+end
 return epoch
 """
 )

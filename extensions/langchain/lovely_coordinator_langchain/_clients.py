@@ -18,7 +18,12 @@ from typing import Any, Generic, TypeVar, final
 
 import httpx2
 from langchain_core.language_models import BaseChatModel
-from lovely_coordinator_httpx import DEFAULT_PROVIDERS, CoordinatedTransport, TupleFor
+from lovely_coordinator_httpx import (
+    DEFAULT_PROVIDERS,
+    CoordinatedSyncTransport,
+    CoordinatedTransport,
+    TupleFor,
+)
 from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
 
 from lovely_coordinator import AgentCoordinator, InvalidArgumentTypeError, get_agent_coordinator
@@ -34,17 +39,20 @@ _UNSUPPORTED = "coordinate() takes a ChatOpenAI (or AzureChatOpenAI) or a ChatAn
 class CoordinatedChat(Generic[ChatModelT]):
     """A coordinated copy of a chat model, and the HTTP clients it was given.
 
-    Use it as a context manager (``async with coordinate(model) as llm:``), or take
-    :attr:`model` and call :meth:`aclose` when done.
+    Use it as a context manager (``async with coordinate(model) as llm:``, or ``with`` in
+    sync code), or take :attr:`model` and call :meth:`aclose` (:meth:`close` in sync code)
+    when done.
     """
 
     def __init__(
         self,
         model: ChatModelT,
+        http_client: httpx2.Client,
         http_async_client: httpx2.AsyncClient,
         handler: ProviderLimitHandler,
     ) -> None:
         self._model = model
+        self._sync = http_client
         self._async = http_async_client
         self._handler = handler
 
@@ -59,13 +67,35 @@ class CoordinatedChat(Generic[ChatModelT]):
         return self._handler
 
     @property
+    def http_client(self) -> httpx2.Client:
+        """The coordinated sync HTTP client the model's sync SDK client uses."""
+        return self._sync
+
+    @property
     def http_async_client(self) -> httpx2.AsyncClient:
         """The coordinated async HTTP client the model's async SDK client uses."""
         return self._async
 
+    def close(self) -> None:
+        """Close the sync HTTP client (the async one holds no connection unless used from
+        an event loop: close it there with :meth:`aclose`). Idempotent."""
+        self._sync.close()
+
     async def aclose(self) -> None:
-        """Close the HTTP clients (their connections). Idempotent."""
+        """Close both HTTP clients (their connections). Idempotent."""
+        self._sync.close()
         await self._async.aclose()
+
+    def __enter__(self) -> ChatModelT:
+        return self._model
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
     async def __aenter__(self) -> ChatModelT:
         return self._model
@@ -94,7 +124,9 @@ def coordinate(
     """A copy of ``model`` whose every call is one ``coordinator.request()``.
 
     The copy's SDK clients keep the model's settings (key, base URL, headers, timeout)
-    over HTTP clients with a :class:`~lovely_coordinator_httpx.CoordinatedTransport`:
+    over HTTP clients with a :class:`~lovely_coordinator_httpx.CoordinatedTransport` (async)
+    and a :class:`~lovely_coordinator_httpx.CoordinatedSyncTransport` (sync, from any
+    number of threads without an event loop):
     each call is admitted in acceptance order within the caps and the tuple's budget
     (learned from the provider's rate-limit headers), runs on the current permit when the
     task holds one that covers no other call, is settled from the usage the response
@@ -134,11 +166,11 @@ def coordinate(
         "tokenizer": tokenizer,
     }
     kind = _kind(model)
-    async_http = httpx2.AsyncClient(
-        transport=CoordinatedTransport(coordinator, **options), timeout=None
-    )
-    copy = _openai(model, async_http) if kind == "openai" else _anthropic(model, async_http)
-    return CoordinatedChat(copy, async_http, handler)
+    # The SDKs send their own timeouts with each request; the clients add none.
+    sync_http = httpx2.Client(transport=CoordinatedSyncTransport(coordinator, **options))
+    async_http = httpx2.AsyncClient(transport=CoordinatedTransport(coordinator, **options))
+    build = _openai if kind == "openai" else _anthropic
+    return CoordinatedChat(build(model, sync_http, async_http), sync_http, async_http, handler)
 
 
 def _kind(model: object) -> str:
@@ -159,10 +191,22 @@ def _kind(model: object) -> str:
     raise InvalidArgumentTypeError(_UNSUPPORTED)
 
 
-def _openai(model: ChatModelT, async_http: httpx2.AsyncClient) -> ChatModelT:
+def _openai(
+    model: ChatModelT, sync_http: httpx2.Client, async_http: httpx2.AsyncClient
+) -> ChatModelT:
     # Public fields of BaseChatOpenAI; the SDK clients are derived from the ones the model
     # built, so every setting it resolved (key, base URL, organization, headers) stays.
-    fields: dict[str, Any] = {"max_retries": 0, "http_async_client": async_http}
+    # A model without a sync key has no sync client: it stays without one.
+    fields: dict[str, Any] = {
+        "max_retries": 0,
+        "http_client": sync_http,
+        "http_async_client": async_http,
+    }
+    root = getattr(model, "root_client", None)
+    if root is not None:
+        root = root.with_options(http_client=sync_http, max_retries=0)
+        fields["root_client"] = root
+        fields["client"] = root.chat.completions
     root_async = getattr(model, "root_async_client", None)
     if root_async is not None:
         root_async = root_async.with_options(http_client=async_http, max_retries=0)
@@ -171,11 +215,14 @@ def _openai(model: ChatModelT, async_http: httpx2.AsyncClient) -> ChatModelT:
     return model.model_copy(update=fields)
 
 
-def _anthropic(model: ChatModelT, async_http: httpx2.AsyncClient) -> ChatModelT:
+def _anthropic(
+    model: ChatModelT, sync_http: httpx2.Client, async_http: httpx2.AsyncClient
+) -> ChatModelT:
     # ChatAnthropic has no client fields: its SDK clients are the cached properties
     # `_client` and `_async_client` (private names, the only way in). The copy's cache
     # slots hold coordinated clients derived from the model's own.
     copy = model.model_copy(update={"max_retries": 0})
-    async_client = getattr(model, "_async_client")  # noqa: B009 - a private cached property
-    vars(copy)["_async_client"] = async_client.with_options(http_client=async_http, max_retries=0)
+    for name, http in (("_client", sync_http), ("_async_client", async_http)):
+        client = getattr(model, name)
+        vars(copy)[name] = client.with_options(http_client=http, max_retries=0)
     return copy

@@ -17,6 +17,7 @@ from typing import final
 from langchain_core.rate_limiters import BaseRateLimiter
 
 from lovely_coordinator import (
+    AdmissionTimeoutError,
     AgentCoordinator,
     ModelTupleLike,
     as_model_tuple,
@@ -36,9 +37,10 @@ class CoordinatedRateLimiter(BaseRateLimiter):
     (no tokens) and holds nothing. With ``blocking=False`` it draws only when the gate is
     open and the budget holds a request now, and returns whether it did.
 
+    The sync ``acquire()`` does the same in a thread without an event loop
+    (``coordinator.request_sync``).
+
     Pass it as a model's ``rate_limiter=`` and set the budget (``set_budget``) yourself.
-    Only the async ``aacquire`` draws from the coordinator; the sync ``acquire`` checks
-    the gate and the budget without waiting and draws nothing.
 
     Args:
         tuple: the ``(provider, model)`` whose budget the calls draw from.
@@ -50,7 +52,14 @@ class CoordinatedRateLimiter(BaseRateLimiter):
         self.coordinator = coordinator if coordinator is not None else get_agent_coordinator()
 
     def acquire(self, *, blocking: bool = True) -> bool:
-        return self._available()
+        if not blocking and not self._available():
+            return False
+        try:
+            with self.coordinator.request_sync(self.tuple, timeout=None if blocking else 0):
+                pass
+        except AdmissionTimeoutError:  # not blocking, and a slot was not free at once
+            return False
+        return True
 
     async def aacquire(self, *, blocking: bool = True) -> bool:
         if not blocking and not self._available():

@@ -28,7 +28,6 @@ async def test_each_call_draws_one_request_from_the_budget(
         rate_limiter=limiter,
     )
     with anyio.fail_after(20):
-        assert limiter.acquire(blocking=False)
         for _ in range(2):
             assert (await model.ainvoke("hello")).content == "ok"
         entry = coordinator.tuple_statistics(GPT)
@@ -36,7 +35,6 @@ async def test_each_call_draws_one_request_from_the_budget(
         assert entry.requests_available is not None
         assert entry.requests_available < 1
         assert not await limiter.aacquire(blocking=False)
-        assert not limiter.acquire(blocking=False)
         # A third call waits for the refill: the budget holds it back.
         async with anyio.create_task_group() as tg:
             tg.start_soon(model.ainvoke, "hello")
@@ -54,7 +52,7 @@ async def test_a_closed_gate_holds_calls_back(fake_provider: FakeProvider) -> No
     assert await limiter.aacquire(blocking=False)  # nothing known of the tuple: open
     coordinator.close_tuple(GPT)
     assert not await limiter.aacquire(blocking=False)
-    assert not limiter.acquire()
+    assert not limiter.acquire(blocking=False)  # checked before any wait, so fine here
     coordinator.open_tuple(GPT)
     with anyio.fail_after(10):
         assert await limiter.aacquire()

@@ -33,8 +33,8 @@ def _run(source: str) -> str:
     return result.stdout
 
 
-def test_the_readme_has_its_example() -> None:
-    assert len(BLOCKS) == 1
+def test_the_readme_has_its_examples() -> None:
+    assert len(BLOCKS) == 2
     commands = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     assert any("pip install -e" in c and "extensions/langchain" in c for c in commands)
 
@@ -44,6 +44,10 @@ def test_the_delegating_agent_example_runs_at_cap_1() -> None:
         "['human', 'ai', 'tool', 'ai']",
         "3 calls, at most 1 at once",
     ]
+
+
+def test_the_sync_example_stays_within_the_cap() -> None:
+    assert _run(BLOCKS[1]).splitlines() == ["8 answers, at most 2 at once"]
 
 
 def test_the_project_readme_example() -> None:

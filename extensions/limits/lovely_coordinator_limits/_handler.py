@@ -305,15 +305,18 @@ class ProviderLimitHandler:
             return
         t = draw.tuple
         coordinator = self.coordinator
-        if attached(coordinator) is not None:
+        hook = attached(coordinator)
+        if hook is not None:
             # A fleet (RedisFleet) shares the provider's budget between the processes: it
-            # learns the provider's own figures, not this process's share of them.
-            coordinator.learn_budget(
+            # learns the provider's own figures, not this process's share of them, with
+            # the request they answer (what it admitted since, the provider had not seen).
+            hook.learn(
                 t,
-                requests_per_minute=limits.requests and limits.requests.per_minute,
-                tokens_per_minute=limits.tokens and limits.tokens.per_minute,
-                requests_remaining=limits.requests and limits.requests.remaining,
-                tokens_remaining=limits.tokens and limits.tokens.remaining,
+                limits.requests and limits.requests.per_minute,
+                limits.tokens and limits.tokens.per_minute,
+                limits.requests and limits.requests.remaining,
+                limits.tokens and limits.tokens.remaining,
+                answering=draw.request,
             )
             return
         entry = coordinator.tuple_statistics(t)

@@ -15,9 +15,13 @@ There are two ways in:
 So the async side replaces the factory: each client litellm builds gets the transport
 litellm would have built, wrapped in a :class:`~lovely_coordinator_httpx.legacy.
 CoordinatedTransport` (litellm's clients are of the older ``httpx``); litellm keeps
-caching and closing its clients per event loop as before. What was replaced is put back
-by :meth:`Installation.uninstall`. The tested litellm release is pinned in the
-distribution's requirements, since a private hook may move in any release.
+caching and closing its clients per event loop as before. The sync side needs no event
+loop, so one :class:`~lovely_coordinator_httpx.legacy.CoordinatedSyncTransport` serves
+every thread: through the public ``litellm.client_session`` (a client over it, for the
+OpenAI-compatible providers, unless one is set already) and ``litellm.sync_transport``
+(the others). What was replaced is put back by :meth:`Installation.uninstall`. The tested
+litellm release is pinned in the distribution's requirements, since a private hook may
+move in any release.
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ import httpx
 import litellm
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
 from lovely_coordinator_httpx import DEFAULT_PROVIDERS
-from lovely_coordinator_httpx.legacy import CoordinatedTransport, LegacyTupleFor
+from lovely_coordinator_httpx.legacy import (
+    CoordinatedSyncTransport,
+    CoordinatedTransport,
+    LegacyTupleFor,
+)
 from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
 
 from lovely_coordinator import AgentCoordinator, UsageError, get_agent_coordinator
@@ -54,10 +62,17 @@ class Installation:
     the block's event loop.
     """
 
-    def __init__(self, coordinator: AgentCoordinator, handler: ProviderLimitHandler) -> None:
+    def __init__(
+        self,
+        coordinator: AgentCoordinator,
+        handler: ProviderLimitHandler,
+        sync: CoordinatedSyncTransport,
+    ) -> None:
         self._coordinator = coordinator
         self._handler = handler
+        self._sync = sync
         self._saved: dict[str, Any] = {}
+        self._saved_module: dict[str, Any] = {}
         self._active = False
 
     @property
@@ -84,10 +99,14 @@ class Installation:
                 return
             for name, value in self._saved.items():
                 setattr(AsyncHTTPHandler, name, value)
+            for name, value in self._saved_module.items():
+                setattr(litellm, name, value)
             self._saved.clear()
+            self._saved_module.clear()
             self._active = False
             _installed = None
         _forget_clients()
+        self._sync.close()
 
     async def aclose(self) -> None:
         """Close litellm's cached async clients (litellm's public
@@ -132,11 +151,13 @@ def install(
     learn_budgets: bool = True,
     tokenizer: Tokenizer | None = None,
 ) -> Installation:
-    """Route every async httpx-based litellm provider through ``coordinator``.
+    """Route every httpx-based litellm provider through ``coordinator``, sync and async.
 
     From now on every HTTP client litellm builds for ``acompletion``, ``aembedding``, ...
     (OpenAI-compatible providers through the OpenAI SDK, Anthropic and the others through
-    litellm's own handler) sends each model request through a coordinated transport: in
+    litellm's own handler), and for their sync twins (``completion``, ... from any number
+    of threads without an event loop), sends each model request through a coordinated
+    transport: in
     acceptance order within the caps and budgets, 429s parked until the gate reopens and
     sent again (up to ``max_attempts``), budgets learned from the rate-limit headers, the
     usage settled. Clients litellm cached before are dropped, so they are built again.
@@ -144,10 +165,10 @@ def install(
     Pass ``max_retries=0`` (and no ``num_retries``) to litellm's calls, so that no retry of
     litellm's or the SDK's waits while holding a slot: the transport retries the 429s.
 
-    Not covered: a client you pass yourself (``client=``, ``litellm.aclient_session``),
-    HTTP(S) proxies from the environment (bypassed by a coordinated client), providers
-    that do not use httpx (boto3 for Bedrock's SDK paths, websockets), and litellm's
-    sync calls.
+    Not covered: a client you pass yourself (``client=``, ``litellm.aclient_session``, a
+    ``litellm.client_session`` set before), HTTP(S) proxies from the environment
+    (bypassed by a coordinated client), ``litellm.force_ipv4`` (its own sync transport),
+    and providers that do not use httpx (boto3 for Bedrock's SDK paths, websockets).
 
     Args:
         coordinator: defaults to the process-global ``get_agent_coordinator()``.
@@ -183,12 +204,23 @@ def install(
     }
     # Validates the options now (InvalidArgumentError), not at litellm's first request.
     CoordinatedTransport(coordinator, transport=_UNUSED, **options)
-    installation = Installation(coordinator, handler)
+    sync = CoordinatedSyncTransport(coordinator, **options)
+    installation = Installation(coordinator, handler, sync)
     with _lock:
         if _installed is not None:
+            sync.close()
             raise UsageError(
                 "lovely-coordinator is already installed in litellm; uninstall it first"
             )
+        # litellm closes the clients it built when it drops them: the shared transport
+        # must outlive them all, so they get it behind a close that does nothing.
+        kept = _Kept(sync)
+        module: dict[str, Any] = {"sync_transport": kept}
+        if litellm.client_session is None:
+            module["client_session"] = httpx.Client(transport=kept)
+        for name, value in module.items():
+            installation._saved_module[name] = getattr(litellm, name, None)
+            setattr(litellm, name, value)
         original = AsyncHTTPHandler.__dict__["create_async_transport"]
         factory = staticmethod(_coordinated(original.__func__, coordinator, options))
         for name in _FACTORIES:
@@ -222,6 +254,21 @@ def _coordinated(
         return CoordinatedTransport(coordinator, transport=inner, **options)
 
     return create_async_transport
+
+
+@final
+class _Kept(httpx.BaseTransport):
+    """The shared sync transport, as each litellm client sees it: closing it does nothing
+    (the installation closes the real one when uninstalled)."""
+
+    def __init__(self, transport: httpx.BaseTransport) -> None:
+        self._transport = transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._transport.handle_request(request)
+
+    def close(self) -> None:
+        pass
 
 
 def _forget_clients() -> None:

@@ -33,8 +33,8 @@ def _run(source: str) -> str:
     return result.stdout
 
 
-def test_the_readme_has_its_example() -> None:
-    assert len(BLOCKS) == 1
+def test_the_readme_has_its_examples() -> None:
+    assert len(BLOCKS) == 2
     commands = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     assert any(
         "pip install -e" in command and "extensions/litellm" in command for command in commands
@@ -43,6 +43,10 @@ def test_the_readme_has_its_example() -> None:
 
 def test_the_example_keeps_both_providers_within_the_cap() -> None:
     assert _run(BLOCKS[0]).splitlines() == ["8 answers", "at most 2 calls at once"]
+
+
+def test_the_sync_example_keeps_threads_within_the_cap() -> None:
+    assert _run(BLOCKS[1]).splitlines() == ["6 answers, at most 2 at once"]
 
 
 def test_the_project_readme_example() -> None:

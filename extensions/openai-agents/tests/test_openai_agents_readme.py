@@ -1,0 +1,51 @@
+"""The examples run as pasted (this extension's README, and the OpenAI Agents SDK part of the
+project README's "Using it with your framework"), each in a fresh interpreter with
+warnings as errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+PROJECT_README = README.parents[2] / "README.md"
+
+
+def _project_section(title: str) -> str:
+    text = PROJECT_README.read_text(encoding="utf-8")
+    start = text.index(f"\n### {title}")
+    end = re.search(r"\n##+ ", text[start + 1 :])
+    return text[start : start + 1 + end.start()] if end else text[start:]
+
+
+def _run(source: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", source],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_readme_has_its_examples() -> None:
+    assert len(BLOCKS) == 1
+    commands = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    assert any("pip install -e" in c and "extensions/openai-agents" in c for c in commands)
+
+
+def test_the_delegating_agent_example_runs_at_cap_1() -> None:
+    assert _run(BLOCKS[0]).splitlines() == ["compared", "3 calls, at most 1 at once"]
+
+
+def test_the_project_readme_example() -> None:
+    section = _project_section("OpenAI Agents SDK")
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert _run(block).splitlines() == ["done", "3"]
+    assert "Covers:" in section
+    assert "Does not cover:" in section
