@@ -181,7 +181,7 @@ class RequestContext:
             await admitted
         except BaseException:
             if outside is not None:
-                await _admission.give_back(outside, used=False)
+                outside.release(used=False)
             raise
         request = self._request = ModelRequest(coordinator, ticket, outside)
         if self._current:
@@ -207,4 +207,4 @@ class RequestContext:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)
             if request._outer is not None:
-                await _admission.give_back(request._outer, used=True)
+                request._outer.release(used=True)  # never waits (sent in the background)
