@@ -63,9 +63,9 @@ GREED = 0.06
 """What a hungry process adds to the share it measured in a window."""
 STARTUP_FLOOR = 0.25
 """The least share a rough estimate before the first window gives."""
-ROOM = 0.1
-"""Below this part of its capacity (the learner's reserve) the provider's bucket has no room
-for greed."""
+ROOM = 0.05
+"""Below this part of its capacity the provider's bucket has no room for greed (half the
+learner's reserve: at the reserve itself, greed stalls and a joiner keeps a small share)."""
 
 
 @final
