@@ -278,7 +278,9 @@ class Unit:
         self._done = False
 
     def reset(self) -> None:
+        """A fresh id, after a grant that came too late was given back."""
         self.id = uuid.uuid4().hex
+        self._done = False
 
     def granted(self, reply: Sequence[Any] | None = None) -> Unit:
         """Admitted (by the script's ``reply``; None: locally): held from now on."""
