@@ -57,7 +57,8 @@ class FleetAdmission:
     _listeners: list[AdmissionListener]
     _background: set[asyncio.Task[None]]  # settles, learnings, refreshes on their way
     _releasing: set[asyncio.Task[None]]  # of which the releases
-    _closing: bool
+    _closing: bool  # being left: no more settles, learnings or refreshes
+    _left: bool  # left: not even releases (the client may be closed)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task of the fleet's loop, kept until done (awaited on exit)."""
@@ -354,11 +355,11 @@ class Unit:
             self._done = True
             self.fleet._member.share.release(self.t)
             self.fleet._wake_local(self.tag)
-        elif not self.fleet._closing:
+        elif not self.fleet._left:
             task = self.fleet._in_background(self.give_back(used=used))
             self.fleet._releasing.add(task)
             task.add_done_callback(self.fleet._releasing.discard)
-        else:  # the fleet is being left: the unit lapses within its ttl
+        else:  # the fleet was left: the unit lapses within its ttl
             self._done = True
             self.fleet._member.units.pop(self.id, None)
 
