@@ -15,6 +15,7 @@ stalled past the ttl) is gone on the server, so its late settle changes nothing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import math
 import time
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from .._errors import TupleSuspendedError, UsageError
+from .._errors import AdmissionTimeoutError, TupleSuspendedError, UsageError
 from .._settings import SUSPENDED_MESSAGE
 from .._types import ModelTuple
 from . import boot, cancellation, fleet_scripts, scripts
@@ -66,6 +67,25 @@ class FleetAdmission:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def admit_blocking(
+        self, t: ModelTuple, tokens: int, *, reject: bool, timeout: float | None
+    ) -> Unit | None:
+        """:meth:`admit` from a thread without an event loop (``request_sync``): made on
+        the fleet's loop while the calling thread blocks, given up past ``timeout``."""
+        loop = self._loop
+        assert loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.admit(t, tokens, reject=reject), loop)
+        try:
+            return future.result(timeout)
+        except BaseException as exc:
+            if not future.cancel() and not future.cancelled() and future.exception() is None:
+                unit = future.result()  # granted as the wait ended: give it back
+                if unit is not None:
+                    unit.release(used=False)
+            if isinstance(exc, concurrent.futures.TimeoutError):
+                raise AdmissionTimeoutError() from None
+            raise
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Unit | None:
         """The admission hook's wait (see ``_admission.py``), told to the listeners."""
