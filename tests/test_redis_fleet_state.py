@@ -56,7 +56,7 @@ def test_the_local_share_of_a_limit_and_budgets() -> None:
     assert wait == pytest.approx(1.0)
     assert admitted == 61  # 60, one spent at 0 s, refilled by 5 s
     charges = share.take_charges()
-    assert charges == {GPT: (61, 1250)}
+    assert charges == {GPT: (61, 650)}  # 100 settled at 50, and 600
     assert share.take_charges() == {}
     assert share.in_flight(ModelTuple("other", "m")) == 0
     share.settle(ModelTuple("other", "m"), 5)  # nothing known: nothing to do
