@@ -37,8 +37,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-import anyio
-
 from ._errors import UsageError
 from ._types import ModelTuple
 
@@ -54,9 +52,10 @@ class Admitted(Protocol):
     def settle(self, tokens: int) -> None:
         """The call's actual usage (already validated) replaces its charge; never raises."""
 
-    async def release(self, *, used: bool) -> None:
-        """Give the admission back (shielded; never raises). ``used=False``: the call was
-        never made, so what it drew is refunded."""
+    def release(self, *, used: bool) -> None:
+        """Give the admission back; never waits (a request's exit may run in sync code or
+        a finalizer), from any thread, never raises. ``used=False``: the call was never
+        made, so what it drew is refunded."""
 
 
 class Admission(Protocol):
@@ -134,9 +133,3 @@ async def admit(
             order = coordinator._scheduler.next_order()
     admitted = await hook.admit(t, tokens, reject=reject)
     return admitted, order
-
-
-async def give_back(admitted: Admitted, *, used: bool) -> None:
-    """Release ``admitted``, shielded from cancellation."""
-    with anyio.CancelScope(shield=True):
-        await admitted.release(used=used)

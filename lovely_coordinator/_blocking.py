@@ -38,6 +38,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
+from . import _admission
 from ._backend import current_loop
 from ._errors import AdmissionTimeoutError, UsageError
 from ._lines import GRANTED, RequestTicket
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 __all__ = ["TIMEOUT_MESSAGE", "BlockingRequestContext", "as_timeout", "helper_loop"]
 
 TIMEOUT_MESSAGE: Final = "timeout must be a nonnegative number of seconds or None"
+_FLEET_MESSAGE: Final = (
+    "request_sync() cannot be admitted by the RedisFleet that governs this tuple (a fleet "
+    "admits only on its own event loop): use `async with coordinator.request(...)` there"
+)
 _IN_LOOP_MESSAGE: Final = (
     "request_sync() blocks its thread, and this thread runs an event loop: "
     "use `async with coordinator.request(...)` here"
@@ -157,6 +162,11 @@ class _Admission:
     def start(self) -> None:
         """On the helper loop: take a place in line; granted at once, done at once."""
         if self.abandoned:
+            self.done.set()
+            return
+        hook = _admission.attached(self._core)
+        if hook is not None and hook.governs(self._t):
+            self.error = UsageError(_FLEET_MESSAGE)
             self.done.set()
             return
         try:

@@ -63,6 +63,7 @@ AGENT_COORDINATOR_VERSION: Final = 1
 
 _ORDER_MESSAGE: Final = "acceptance_order must be a positive integer"
 _REJECT_MESSAGE: Final = "reject_on_closed_tuple must be a bool"
+_CURRENT_MESSAGE: Final = "current must be a bool"
 
 
 class _DefaultLimit(int):
@@ -272,6 +273,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         tokens: int = 0,
         acceptance_order: int | None = None,
         reject_on_closed_tuple: bool = False,
+        current: bool = True,
     ) -> RequestContext:
         """``async with coordinator.request(t, tokens=n) as call:`` — one model call.
 
@@ -286,16 +288,24 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         the budget stays spent (``call.settle(actual)`` corrects the token charge); a
         request cancelled before its body began gives back what it drew.
 
+        ``current=False`` (for extensions whose caller's code does not run inside the
+        call, e.g. a transport returning a streamed response) enters a request that does
+        not become the task's current one: a later request of the task on ``t`` is a
+        call of its own, never joined to this one. It still joins an enclosing current
+        request of the task on ``t``, like any request.
+
         Raises:
             InvalidArgumentError: a bad tuple, acceptance order, or ``tokens`` not an int
-                in [0, 2**53] (raised here, before anything happens).
+                in [0, 2**53] (raised here, before anything happens); an
+                :class:`InvalidArgumentTypeError` when ``current`` is not a bool.
             TupleSuspendedError: ``reject_on_closed_tuple`` and ``t`` is or gets closed.
             CoordinatorBusyError: ``max_queued`` waiters already wait.
             UsageError: the context manager is entered twice.
         """
         charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        return RequestContext(self, model_tuple, charge, order, reject_on_closed_tuple)
+        as_bool(current, _CURRENT_MESSAGE)
+        return RequestContext(self, model_tuple, charge, order, reject_on_closed_tuple, current)
 
     def request_sync(
         self,
@@ -327,7 +337,8 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
             TupleSuspendedError: ``reject_on_closed_tuple`` and ``t`` is or gets closed.
             CoordinatorBusyError: ``max_queued`` waiters already wait.
             UsageError: entered twice, or entered in a thread that runs an event loop
-                (blocking it could stop the very release it waits for).
+                (blocking it could stop the very release it waits for), or for a tuple a
+                ``RedisFleet`` governs (a fleet admits only on its own event loop).
         """
         charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)

@@ -114,6 +114,7 @@ class RequestContext:
 
     __slots__ = (
         "_coordinator",
+        "_current",
         "_entered",
         "_frame",
         "_joined",
@@ -132,8 +133,10 @@ class RequestContext:
         tokens: int,
         order: int | None,
         reject: bool,
+        current: bool = True,
     ) -> None:
         self._coordinator = coordinator
+        self._current = current
         self._t = t
         self._tokens = tokens
         self._order = order
@@ -178,11 +181,12 @@ class RequestContext:
             await admitted
         except BaseException:
             if outside is not None:
-                await _admission.give_back(outside, used=False)
+                outside.release(used=False)
             raise
         request = self._request = ModelRequest(coordinator, ticket, outside)
-        frame = self._frame = (request, coordinator, task, current_request_var.get())
-        self._token = current_request_var.set(frame)
+        if self._current:
+            frame = self._frame = (request, coordinator, task, current_request_var.get())
+            self._token = current_request_var.set(frame)
         return request
 
     async def __aexit__(
@@ -195,12 +199,12 @@ class RequestContext:
         assert request is not None
         if self._joined:
             return
-        assert self._frame is not None
-        assert self._token is not None
         try:
-            restore(current_request_var, self._frame, self._token)
+            if self._token is not None:
+                assert self._frame is not None
+                restore(current_request_var, self._frame, self._token)
         finally:
             if request._ticket.state == GRANTED:
                 self._coordinator._release(request._ticket)
             if request._outer is not None:
-                await _admission.give_back(request._outer, used=True)
+                request._outer.release(used=True)  # never waits (sent in the background)

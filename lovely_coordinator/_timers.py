@@ -18,12 +18,22 @@ loops in several threads at once:
 * When the home loop ends with the timer pending (its shutdown reports the timer), a
   loop of another thread that has used the coordinator or parked a waiter on it adopts
   it at once, so its waiters never wait for a wake-up that died with its loop. The clock
-  remembers the last few such loops (*guests*). (An asyncio loop stopped but never shut
-  down, its async generators never closed, reports nothing: its timer stays pending
-  until that loop runs again or a new loop adopts.)
+  remembers the last few such loops (*guests*).
+* A home loop may also end without saying so (closed without ``shutdown_asyncgens``, or
+  left stopped: its timer's end is never seen), or its thread may block (user error, but
+  not the other threads' waiters' fault). So while guests exist, a *backup* wake-up runs
+  from a thread of the coordinator's own, ``BACKUP_DELAY`` after each instant: if the
+  home timer has not applied what is due by then, the backup does (under the lock, as
+  the home timer would; grants reach the waiters' loops through their thread-safe
+  entries). ``BACKUP_DELAY`` is 0.05 s: far above how late a live loop's timer fires
+  (its clock's resolution and one turn of the loop, a millisecond or so), so a healthy
+  home loop is never raced, and small beside the waits it ends (refills and reopens of
+  seconds): a waiter of a live loop is woken at most 0.05 s after its instant, whatever
+  became of home.
 
 :class:`WakeupTimer` is the single timer: armed at ``Scheduler.next_wakeup()`` on the
-home loop, re-armed whenever that instant changes, and firing ``advance``.
+home loop, re-armed whenever that instant changes, and firing ``advance``;
+:class:`Backup` is its thread.
 """
 
 from __future__ import annotations
@@ -31,11 +41,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import final
+from typing import Final, final
 
 from ._backend import Timer, call_at, call_soon_on, current_loop, current_time_or_none, loop_alive
 
-__all__ = ["LoopClock", "WakeupTimer"]
+__all__ = ["BACKUP_DELAY", "Backup", "LoopClock", "WakeupTimer"]
+
+# How long after an instant the backup applies what the home timer has not (see above).
+BACKUP_DELAY: Final = 0.05
 
 
 @final
@@ -135,7 +148,7 @@ class WakeupTimer:
         lock: the coordinator's lock, held around every arming decision.
     """
 
-    __slots__ = ("_adopt", "_clock", "_fire", "_handle", "_lock", "_loop", "armed_at")
+    __slots__ = ("_adopt", "_backup", "_clock", "_fire", "_handle", "_lock", "_loop", "armed_at")
 
     def __init__(
         self,
@@ -151,10 +164,16 @@ class WakeupTimer:
         self._handle: Timer | None = None
         self._loop: object | None = None
         self.armed_at: float | None = None
+        self._backup = Backup(fire, lock)
 
     def rearm(self, instant: float | None) -> None:
         """Make ``instant`` (on the home clock; None: none) the armed time. Under the lock."""
-        home = self._clock.home
+        clock = self._clock
+        if instant is None or not clock.guests:
+            self._backup.set(None)
+        else:  # waiters of other threads may depend on it: the backup (module docstring)
+            self._backup.set(time.monotonic() + (instant - clock.now()) + BACKUP_DELAY)
+        home = clock.home
         if instant == self.armed_at and self._loop is home:
             return
         self._cancel()
@@ -200,3 +219,48 @@ class WakeupTimer:
         with self._lock:
             self._handle = self._loop = self.armed_at = None
             self._fire()
+
+
+@final
+class Backup:
+    """The backup wake-up: a daemon thread that calls ``fire`` (under ``lock``) at a
+    ``time.monotonic()`` deadline, if one is set; it exists only while one is.
+
+    ``fire`` applies what is due and nothing else, so a backup that finds the home timer
+    already did is a no-op.
+    """
+
+    __slots__ = ("_deadline", "_fire", "_lock", "_thread", "_wake")
+
+    def __init__(self, fire: Callable[[], None], lock: threading.RLock) -> None:
+        self._fire = fire
+        self._lock = lock
+        self._wake = threading.Condition(lock)
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def set(self, deadline: float | None) -> None:
+        """Fire at ``deadline`` (None: never). Under the lock."""
+        if deadline == self._deadline:
+            return
+        self._deadline = deadline
+        if deadline is None:
+            self._wake.notify()  # the thread ends
+        elif self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="lovely_coordinator backup wake-up", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._wake.notify()
+
+    def _run(self) -> None:
+        with self._lock:
+            while self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                self._deadline = None
+                self._fire()  # may set the next deadline
+            self._thread = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self, runtime_checkable
 
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._validate import as_index
 
 if TYPE_CHECKING:
     import anyio
@@ -96,7 +97,8 @@ class SessionContext:
         dispose: set when the session is being disposed (``None`` if it never is).
 
     Raises:
-        InvalidArgumentError: ``depth`` is not an int ≥ 0 (``bool`` is not accepted).
+        InvalidArgumentError: ``depth`` is not an int ≥ 0 (any ``int`` subclass or
+            ``operator.index`` value but ``bool``; it is stored as a plain ``int``).
     """
 
     depth: int
@@ -104,10 +106,8 @@ class SessionContext:
     dispose: anyio.Event | None = None
 
     def __post_init__(self) -> None:
-        if type(self.depth) is not int:
-            raise InvalidArgumentTypeError(_DEPTH_MESSAGE)
-        if self.depth < 0:
-            raise InvalidArgumentError(_DEPTH_MESSAGE)
+        # Any int subclass but bool, numpy's included (CONTRACT §5b), stored as an int.
+        object.__setattr__(self, "depth", as_index(self.depth, _DEPTH_MESSAGE, minimum=0))
         if type(self.allow_agents) is not bool:
             raise InvalidArgumentTypeError("Managed session allow_agents must be a bool")
 

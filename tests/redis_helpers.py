@@ -34,7 +34,7 @@ def own_server() -> Iterator[ThrowawayServer]:
 
 def lock_keys(conversation_id: str, prefix: str = "lovely:") -> dict[str, str]:
     base = object_base(prefix, "conv", conversation_id)
-    keys = {part: f"{base}:{part}" for part in ("lock", "fence", "waiting")}
+    keys = {part: f"{base}:{part}" for part in ("lock", "fence", "waiting", "beats", "ticket")}
     return keys | {"marker": MARKER_KEY}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import logging
 import shutil
@@ -28,7 +29,7 @@ from lovely_coordinator import (
     get_bash_coordinator,
 )
 from lovely_coordinator._errors import InvalidArgumentTypeError
-from lovely_coordinator._global import AGENT_KEY, BASH_KEY, _warned
+from lovely_coordinator._global import _ATTRIBUTES, _METHODS, AGENT_KEY, BASH_KEY, _warned
 
 AGENT_MESSAGE = r"^Incompatible process-global Lovely Agents coordinator$"
 BASH_MESSAGE = r"^Incompatible process-global Lovely Bash coordinator$"
@@ -163,6 +164,31 @@ def test_a_compatible_foreign_sentinel_is_used(get: Any, key: str, message: str)
     sys.modules[key] = _sentinel(key, shaped, version=AGENT_COORDINATOR_VERSION + 1)
     with pytest.raises(IncompatibleCoordinatorError, match=message):
         get()
+
+
+def test_the_shape_check_covers_what_the_first_party_extensions_call() -> None:
+    # Issue 17: an older copy passed the check without learn_budget, tuple_statistics or
+    # add_instrument, and the extensions then failed on it with an AttributeError. Every
+    # public attribute read off something named ``*coordinator`` in their source counts.
+    root = Path(__file__).resolve().parent.parent / "extensions"
+    called: dict[str, str] = {}
+    for path in sorted(root.glob("*/lovely_coordinator_*/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or node.attr.startswith("_"):
+                continue
+            owner = node.value
+            name = (
+                owner.id
+                if isinstance(owner, ast.Name)
+                else owner.attr
+                if isinstance(owner, ast.Attribute)
+                else ""
+            )
+            if name.lstrip("_").endswith("coordinator"):
+                called.setdefault(node.attr, str(path.relative_to(root)))
+    assert {"request", "learn_budget", "add_instrument"} <= called.keys()  # the scan works
+    missing = {n: where for n, where in called.items() if n not in _METHODS + _ATTRIBUTES}
+    assert not missing, f"add these to _global._METHODS: {missing}"
 
 
 def test_concurrent_first_calls_from_threads_agree() -> None:

@@ -27,6 +27,7 @@ def _blocks() -> list[str]:
 _PRINTS: list[tuple[str, list[str]]] = [
     ("permit.acceptance_order", [r"running with order \d+"]),
     ("tokens_available < 30_000", ["True"]),
+    ("coord.statistics().lent", ["1", r"\['B called claude', 'A called gpt-4o'\]"]),
     ("lanes.wake(room)", ["started", "coalesced", "started"]),
     (
         'multitask="replace_queued"',

@@ -251,6 +251,8 @@ async def test_learn_budget_teaches_the_fleet(
     with anyio.fail_after(10):
         async with members(redis_server, redis_connect, 2) as [(ca, a), (cb, b)]:
             ca.learn_budget(GPT, requests_per_minute=600, tokens_per_minute=1000)
+            await a.statistics()  # waits for what a learned, then b sees it too
+            await settled(b, tokens_per_minute=1000)
             cb.learn_budget(GPT, tokens_remaining=100)
             row = await settled(a, requests_per_minute=600, tokens_per_minute=1000)
             assert row.tokens_available is not None
@@ -332,3 +334,40 @@ async def test_a_learned_remaining_amount_takes_off_what_was_admitted_since(
                     break
                 await anyio.sleep(0.01)  # (sent in the background)
             assert 600 < row.tokens_available < 900
+
+
+async def test_the_httpx_transport_is_admitted_by_the_fleet_and_teaches_it(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    import httpx2
+    import openai
+    from lovely_coordinator_httpx import CoordinatedTransport
+    from lovely_coordinator_limits.testing import FakeProvider, Quota, serve
+
+    provider = FakeProvider(reply=None, latency=0.05)
+    provider.limit("m", Quota(requests_per_minute=600, tokens_per_minute=100_000))
+    t = ModelTuple("fake", "m")
+    with serve(provider) as url, anyio.fail_after(20):
+        async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:
+            await fleet.set_tuple_limit(t, 2)
+            transport = CoordinatedTransport(coordinator, providers={"127.0.0.1": "fake"})
+            client = openai.AsyncOpenAI(
+                api_key="-",
+                base_url=f"{url}/v1",
+                http_client=httpx2.AsyncClient(transport=transport),
+                max_retries=0,
+            )
+            async with client, anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(
+                        lambda: client.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+                        )
+                    )
+            row = (await fleet.statistics()).tuples[0]
+    assert len(provider.seen("m")) == 6
+    assert row.in_flight == 0
+    # The provider's headers set the fleet's budget (none was set), at its own figures.
+    assert (row.requests_per_minute, row.tokens_per_minute) == (600, 100_000)
+    assert row.requests_available is not None
+    assert row.requests_available < 600

@@ -117,3 +117,25 @@ async def test_unreachable_wait_mode_waits_for_redis(
                 assert not entered.is_set()
                 own_server.start()
                 await entered.wait()
+
+
+async def test_a_loss_the_generation_marker_notices_empties_the_buckets(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    coordinator = create_agent_coordinator(8)
+    with anyio.fail_after(10):
+        async with RedisFleet(redis_connect(redis_server.url), coordinator, name="f") as fleet:
+            await fleet.set_budget(GPT, requests_per_minute=600)
+            async with coordinator.request(GPT):
+                pass
+            assert (await fleet.statistics()).tuples[0].requests_available == pytest.approx(
+                599, abs=1
+            )
+            # As after a failover to a replica that missed writes: the marker was written
+            # by another boot, so the bucket may be stale.
+            await redis_client.hset("lovely-coordinator:generation", "run", "another")
+            async with coordinator.request(GPT):
+                pass
+            available = (await fleet.statistics()).tuples[0].requests_available
+            assert available is not None
+            assert available < 5

@@ -36,7 +36,14 @@ def acquire_keys(conversation: str, owner: str) -> list[str]:
         keys["waiting"],
         keys["marker"],
         f"{base}:abandoned:{owner}",
+        keys["beats"],
+        keys["ticket"],
     ]
+
+
+def release_keys(conversation: str, owner: str) -> list[str]:
+    lock, _, waiting, _, tombstone, beats, _ = acquire_keys(conversation, owner)
+    return [lock, waiting, tombstone, beats]
 
 
 async def test_a_token_is_the_server_time_of_its_grant(redis_client: Any) -> None:
@@ -89,10 +96,10 @@ async def test_retried_acquire_of_the_same_owner_keeps_its_grant(redis_client: A
     with anyio.fail_after(5):
         acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
         fresh = await run_id(redis_client)  # the test server is declared fresh
-        first = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10_000, fresh])
-        again = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10_000, fresh])
-        other = await acquire(acquire_keys("c", "bb"), ["bb", 5000, 10_000, fresh])
-        assert first == again
+        first = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10_000, fresh, 5000])
+        again = await acquire(acquire_keys("c", "aa"), ["aa", 5000, 10_000, fresh, 5000])
+        other = await acquire(acquire_keys("c", "bb"), ["bb", 5000, 10_000, fresh, 5000])
+        assert first[:2] == again[:2]  # (the retry's reply does not know the ticket)
         assert first[0] == scripts.GRANTED
         assert other[0] == scripts.WAITING
         assert 0 < other[1] <= 5000
@@ -110,18 +117,18 @@ async def test_an_acquire_overtaken_by_its_own_clean_up_grants_nothing(
         acquire = redis_client.register_script(scripts.LOCK_ACQUIRE)
         release = redis_client.register_script(scripts.LOCK_RELEASE)
         fresh = await run_id(redis_client)
-        lock, fence, waiting, quiet, tombstone = acquire_keys("c", "aa")
-        assert await release([lock, waiting, tombstone], ["aa", "ch", "c", 5000]) == 0
-        keys = [lock, fence, waiting, quiet, tombstone]
-        tag, _ = await acquire(keys, ["aa", 5000, 10_000, fresh])
+        keys = acquire_keys("c", "aa")
+        lock, tombstone = keys[0], keys[4]
+        assert await release(release_keys("c", "aa"), ["aa", "ch", "c", 5000]) == 0
+        tag, *_ = await acquire(keys, ["aa", 5000, 10_000, fresh, 5000])
         assert tag == scripts.WAITING
         assert await redis_client.exists(lock) == 0  # no ghost lease
         assert 0 < await redis_client.pttl(tombstone) <= 5000  # and no lasting litter
         # An ordinary release leaves no tombstone behind.
         keys = acquire_keys("c", "bb")
-        tag, _ = await acquire(keys, ["bb", 5000, 10_000, fresh])
+        tag, *_ = await acquire(keys, ["bb", 5000, 10_000, fresh, 5000])
         assert tag == scripts.GRANTED
-        assert await release([lock, waiting, keys[4]], ["bb", "ch", "c", 0])
+        assert await release(release_keys("c", "bb"), ["bb", "ch", "c", 0])
         assert await redis_client.exists(keys[4]) == 0
 
 
@@ -136,11 +143,11 @@ async def test_a_resent_acquire_after_the_clean_up_of_its_grant_grants_nothing(
         release = redis_client.register_script(scripts.LOCK_RELEASE)
         fresh = await run_id(redis_client)
         keys = acquire_keys("c", "aa")
-        lock, waiting, tombstone = keys[0], keys[2], keys[4]
-        tag, _ = await acquire(keys, ["aa", 5000, 10_000, fresh])
+        lock = keys[0]
+        tag, *_ = await acquire(keys, ["aa", 5000, 10_000, fresh, 5000])
         assert tag == scripts.GRANTED
-        assert await release([lock, waiting, tombstone], ["aa", "ch", "c", 5000]) == 1
-        tag, _ = await acquire(keys, ["aa", 5000, 10_000, fresh])
+        assert await release(release_keys("c", "aa"), ["aa", "ch", "c", 5000]) == 1
+        tag, *_ = await acquire(keys, ["aa", 5000, 10_000, fresh, 5000])
         assert tag == scripts.WAITING
         assert await redis_client.exists(lock) == 0  # no ghost lease
 
@@ -150,7 +157,7 @@ async def test_a_resent_acquire_after_the_clean_up_of_its_grant_grants_nothing(
 
 async def lock_acquire(client: Any, owner: str, ttl_ms: int, fresh: str = "", c: str = "c") -> Any:
     acquire = client.register_script(scripts.LOCK_ACQUIRE)
-    return await acquire(acquire_keys(c, owner), [owner, ttl_ms, 10**7, fresh])
+    return await acquire(acquire_keys(c, owner), [owner, ttl_ms, 10**7, fresh, ttl_ms])
 
 
 async def test_a_restarted_server_grants_nothing_for_a_ttl(
@@ -165,7 +172,7 @@ async def test_a_restarted_server_grants_nothing_for_a_ttl(
         assert server_run_id.decode() == await run_id(client)
         assert await client.exists(lock_keys("c")["lock"]) == 0  # nothing granted
         # Each caller waits out its own ttl, counted from when the loss was noticed.
-        tag, longer, _ = await lock_acquire(client, "bb", 8000)
+        tag, longer, _ = await lock_acquire(client, "bb", 8000, c="d")
         assert (tag, 8000 < longer <= 9000) == (scripts.QUIET, True)
         tag, after, _ = await lock_acquire(client, "aa", 5000)
         assert (tag, 5000 < after <= wait) == (scripts.QUIET, True)
@@ -191,7 +198,7 @@ async def test_a_restart_from_an_old_snapshot_is_noticed(
         fresh = await run_id(client)
         assert (await lock_acquire(client, "aa", 500, fresh))[0] == scripts.GRANTED
         release = client.register_script(scripts.LOCK_RELEASE)
-        await release(acquire_keys("c", "aa")[::2], ["aa", "ch", "c", 0])
+        await release(release_keys("c", "aa"), ["aa", "ch", "c", 0])
         own_server.save()  # the snapshot has the fence counter and the marker...
         assert (await lock_acquire(client, "bb", 5000, fresh))[0] == scripts.GRANTED
         own_server.restart()  # ...but not bb's grant, which is still held
@@ -238,7 +245,7 @@ async def test_a_new_prefix_on_a_server_that_kept_its_state_is_granted_at_once(
         assert (await lock_acquire(client, "aa", 500, await run_id(client)))[0] == 1
         for prefix in ("a:", "b:"):  # ...and the state is this boot's: new objects are new
             keys = [k.replace("lovely:", prefix, 1) for k in acquire_keys("c", "aa")]
-            assert (await acquire(keys, ["aa", 500, 10**7, ""]))[0] == scripts.GRANTED
+            assert (await acquire(keys, ["aa", 500, 10**7, "", 500]))[0] == scripts.GRANTED
 
 
 async def test_a_renewal_reports_its_fence_even_when_the_lease_is_gone(
@@ -256,7 +263,7 @@ async def test_a_renewal_reports_its_fence_even_when_the_lease_is_gone(
         assert int(await redis_client.get(keys["fence"])) == held
         assert await extend([keys["lock"], keys["fence"]], ["aa 1", 5000, 1, 10**7]) == 0
         assert int(await redis_client.get(keys["fence"])) == held  # never lowered
-        _, fence = await lock_acquire(redis_client, "bb", 5000, await run_id(redis_client))
+        _, fence, _ = await lock_acquire(redis_client, "bb", 5000, await run_id(redis_client))
         assert fence == held + 1
 
 

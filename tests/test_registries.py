@@ -185,6 +185,20 @@ async def test_session_context_is_a_validated_copy() -> None:
         await stored.dispose.wait()
 
 
+def test_session_context_depth_accepts_int_subclasses_but_bool() -> None:
+    # Issue 17 (CONTRACT §5b): numpy's ints were refused.
+    numpy = pytest.importorskip("numpy")
+    ctx = SessionContext(numpy.int64(2), True)
+    assert ctx == SessionContext(2, True)
+    assert type(ctx.depth) is int
+    registries = CoordinatorRegistries()
+    registries.bind_session_context("s", SessionContext(numpy.uint8(0), False))
+    assert registries.get_session_context("s") == SessionContext(0, False)
+    for bad, error in ((True, InvalidArgumentTypeError), (numpy.int64(-1), InvalidArgumentError)):
+        with pytest.raises(error, match=r"^Managed session depth must be a nonnegative integer$"):
+            SessionContext(bad, True)
+
+
 def test_session_context_type_and_depth_are_validated() -> None:
     registries = CoordinatorRegistries()
     with pytest.raises(

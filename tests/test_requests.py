@@ -161,6 +161,24 @@ async def test_the_same_task_entering_again_joins_the_request() -> None:
         assert_idle(coord)
 
 
+async def test_a_request_entered_not_current_is_never_joined_but_joins() -> None:
+    # Issue 17: the httpx transport reset the core's private context variable by hand
+    # to keep a streamed call's request from becoming its task's current one.
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(3)
+        stream = coord.request(T, current=False)
+        streamed = await stream.__aenter__()  # a streamed body: its request stays open
+        async with coord.request(T) as next_call:  # the task's next call: its own
+            assert next_call is not streamed
+            assert coord.active_count == 2
+            async with coord.request(T, current=False) as inside:  # joins the current one
+                assert inside is next_call
+        await stream.__aexit__(None, None, None)
+        assert_idle(coord)
+        with pytest.raises(InvalidArgumentTypeError, match=r"^current must be a bool$"):
+            coord.request(T, current=1)  # type: ignore[arg-type]
+
+
 async def test_a_request_exited_out_of_order_leaves_a_later_one_current() -> None:
     # Regression (found by review): a stream's request closed inside a later request of
     # the same task reset the current request to what it was before the stream, so calls

@@ -8,7 +8,9 @@ The rules themselves are checked step by step against the model in test_schedule
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import anyio
 import pytest
@@ -203,3 +205,66 @@ def _waiters(coord: AgentCoordinator) -> list[tuple[ModelTuple, int, str]]:
     return [
         (ModelTuple(*w["tuple"]), w["acceptance_order"], w["reason"]) for w in document["waiters"]
     ]
+
+
+@pytest.mark.parametrize("ending", ["closed", "stopped", "blocked"])
+@pytest.mark.parametrize("wakeup", ["reopen", "budget"])
+async def test_case_5_a_home_loop_that_ends_badly_leaves_no_waiter_of_another_thread(
+    ending: str, wakeup: str
+) -> None:
+    # The home loop's thread runs ``loop.run_until_complete(...)`` and then closes the
+    # loop without shutdown_asyncgens, or leaves it stopped, or blocks its thread: its
+    # timer never fires, and a waiter here whose gate reopens (or budget refills) in
+    # 0.2 s waited for good (blocked: until the home thread woke up). A backup wake-up
+    # from a thread of the coordinator's own serves it (within 0.05 s of its instant).
+    with anyio.fail_after(10):
+        coord = create_agent_coordinator(1)
+        armed = threading.Event()
+        may_end = threading.Event()
+
+        async def home() -> None:  # this thread's loop becomes home and arms the timer
+            if wakeup == "reopen":
+                coord.close_tuple(GPT, reopen_after=0.2)
+            else:
+                coord.set_budget(GPT, requests_per_minute=300)  # one every 0.2 s
+                while (entry := coord.tuple_statistics(GPT)) and (
+                    entry.requests_available or 0
+                ) >= 1:
+                    async with coord.request(GPT):
+                        pass
+            armed.set()
+            if ending == "blocked":
+                may_end.wait()  # blocks this loop's thread (user error, but not ours)
+            else:
+                await asyncio.to_thread(may_end.wait)
+
+        loop = asyncio.new_event_loop()
+
+        def run_home() -> None:
+            loop.run_until_complete(home())
+            if ending == "closed":
+                loop.close()  # without shutdown_asyncgens: the timer's end is never seen
+
+        thread = threading.Thread(target=run_home, daemon=True)
+        thread.start()
+        try:
+            await anyio.to_thread.run_sync(armed.wait)
+            done = anyio.Event()
+
+            async def waiter() -> None:
+                async with coord.request(GPT):
+                    pass
+                done.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await wait_all_tasks_blocked()
+                if ending != "blocked":
+                    may_end.set()
+                    await anyio.to_thread.run_sync(thread.join)  # home ended, timer pending
+                await done.wait()
+        finally:
+            may_end.set()
+            await anyio.to_thread.run_sync(thread.join)
+            loop.close()  # (the test's own clean-up: stopped and blocked left it open)
+        assert_idle(coord)

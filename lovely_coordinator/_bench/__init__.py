@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SECTIONS", "Figure", "main"]
 
-SECTIONS = ("core", "budgets", "lanes", "turns", "redis", "provider", "fleet", "observe")
+SECTIONS = ("core", "budgets", "covers", "lanes", "turns", "redis", "provider", "fleet", "observe")
 
 
 @dataclass(frozen=True, slots=True)

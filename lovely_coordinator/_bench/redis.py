@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -76,6 +77,19 @@ async def _uncontended(client: redis.asyncio.Redis, rounds: int) -> list[float]:
         await lock.release()
 
     return await _alternating([ours, theirs], rounds)
+
+
+async def _confirmed(client: redis.asyncio.Redis, rounds: int) -> list[float]:
+    """Acquire+release with ``min_replicas`` 0 and 1 (the server has one replica)."""
+    plain, confirmed = RedisLocker(client, ttl=30), RedisLocker(client, ttl=30, min_replicas=1)
+
+    async def unconfirmed(i: int) -> None:
+        await (await plain.acquire(f"r{i % 8}")).release()
+
+    async def one_replica(i: int) -> None:
+        await (await confirmed.acquire(f"r{i % 8}")).release()
+
+    return await _alternating([unconfirmed, one_replica], rounds)
 
 
 async def _fenced_read(client: redis.asyncio.Redis, rounds: int, size: int) -> list[float]:
@@ -194,6 +208,23 @@ async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
     return grants / elapsed
 
 
+async def _contended(url: str, processes: int, rounds: int) -> tuple[list[float], int]:
+    """``processes`` processes taking turns on one conversation (20 ms holds): each wait,
+    and the FIFO inversions (grants, in fence order, whose ticket is below the one before)."""
+    args = ("-m", _WORKERS, "contend", url, str(rounds), "20")
+    async with running(*[args] * processes) as children:
+        for child in children:
+            assert (await child.read())["ready"]
+        for child in children:
+            child.send("go")
+        reports = [(await child.read())["grants"] for child in children]
+    waits = [wait for report in reports for wait, _, _ in report]
+    by_fence = sorted((fence, ticket) for report in reports for _, fence, ticket in report)
+    tickets = [ticket for _, ticket in by_fence]
+    inversions = sum(1 for a, b in itertools.pairwise(tickets) if b < a)
+    return waits, inversions
+
+
 def _latencies(name: str, samples: list[float], target: float | None, note: str) -> list[Figure]:
     ms = 1000.0
     return [
@@ -204,6 +235,16 @@ def _latencies(name: str, samples: list[float], target: float | None, note: str)
             "ms",
             target=None if target is None else 2.5 * target,
         ),
+    ]
+
+
+def _contention(name: str, waits: list[float], inversions: int) -> list[Figure]:
+    p50, p99 = _percentile(waits, 0.5), _percentile(waits, 0.99)
+    return [
+        Figure(f"{name}: wait p50", p50 * 1000, "ms", note="20 ms holds, ask to held"),
+        Figure("  wait p99", p99 * 1000, "ms"),
+        Figure("  p99 / p50", p99 / p50, "x", target=5.0),
+        Figure("  FIFO inversions", inversions, "", target=0, note=f"of {len(waits)} grants"),
     ]
 
 
@@ -225,6 +266,11 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
             busy = await _cross_process_handoffs(server.url, proxy.url, n)
     finally:
         await proxy.close()
+    waits, inversions = await _contended(server.url, 8, 10 if quick else 40)
+    with ThrowawayServer(server.executable) as replica:
+        replica.replicate(server)
+        async with redis.asyncio.Redis.from_url(server.url) as client:
+            alone, confirmed = await _confirmed(client, 300 if quick else 3000)
     gate = await _gate_propagation(server.url, n)
     per_second = await _pool_throughput(server.url, 16, 20 if quick else 100)
     return [
@@ -238,6 +284,10 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
             "  same, proxy + busy machine", busy, None, "3 processes cycling permits through it"
         ),
         *_latencies("  redis-py Lock hand-off", redis_py, None, "polls every 0.1 s by default"),
+        *_contention("lease, 8 processes contending", waits, inversions),
+        Figure("acquire+release, min_replicas=0", alone * 1e6, "us", note="1 replica"),
+        Figure("  same, min_replicas=1", confirmed * 1e6, "us", note="WAIT after each grant"),
+        Figure("  cost of min_replicas=1", (confirmed - alone) * 1e6, "us"),
         *_latencies("gate close propagation", gate, 5.0, "to the other process's coordinator"),
         Figure("plain entries(), 20 of 100 B", plain * 1e6, "us"),
         Figure("fenced entries(fence=f), same", fenced * 1e6, "us"),

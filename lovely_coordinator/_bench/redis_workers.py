@@ -8,6 +8,9 @@ monotonic clock, so the parent can subtract its own readings from them.
   each take and release a permit ROUNDS times; report ``{"grants", "elapsed"}``.
 * ``handoff URL``: on each ``"go"``, acquire the lease on ``h`` (the parent holds it),
   report ``{"t": when granted}``, release it, report ``{"released": true}``.
+* ``contend URL ROUNDS HOLD_MS``: report ready, wait for ``"go"``, then ROUNDS times take
+  the lease on ``fair``, hold it HOLD_MS, release it; report ``{"grants": [[wait s, fence,
+  ticket], ...]}``.
 * ``gates URL``: keep a coordinator in step through ``RedisGates``; report
   ``{"open": bool, "t": when}`` each time the coordinator's gate of ``bench/gate`` changes,
   as its ``subscribe`` callback sees it; stop on ``"stop"``.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -27,10 +31,11 @@ import redis.asyncio
 from .. import CoordinatorStatistics, ModelTuple, create_agent_coordinator
 from ..redis import RedisGates, RedisLocker, RedisPermitPool
 
-__all__ = ["GATED", "HANDOFF_ID"]
+__all__ = ["CONTENDED_ID", "GATED", "HANDOFF_ID"]
 
 GATED = ModelTuple("bench", "gate")
 HANDOFF_ID = "h"
+CONTENDED_ID = "fair"
 
 
 def _report(**fields: Any) -> None:
@@ -73,6 +78,23 @@ async def _handoff(args: argparse.Namespace) -> None:
             _report(released=True)
 
 
+async def _contend(args: argparse.Namespace) -> None:
+    async with redis.asyncio.Redis.from_url(args.url) as client:
+        locker = RedisLocker(client, ttl=30)
+        # Warm up (connection, script cache, the server's boot), outside the measurement.
+        await (await locker.acquire(f"{CONTENDED_ID}-{os.getpid()}")).release()
+        _report(ready=True)
+        await _order()
+        grants: list[tuple[float, int, int]] = []
+        for _ in range(args.rounds):
+            asked = time.monotonic()
+            lease = await locker.acquire(CONTENDED_ID)
+            grants.append((time.monotonic() - asked, lease.fence, lease.ticket))
+            await asyncio.sleep(args.hold_ms / 1000)
+            await lease.release()
+        _report(grants=grants)
+
+
 async def _gates(args: argparse.Namespace) -> None:
     async with redis.asyncio.Redis.from_url(args.url) as client:
         coordinator = create_agent_coordinator(1)
@@ -100,10 +122,15 @@ def main() -> None:
     p.add_argument("limit", type=int)
     p.add_argument("tasks", type=int)
     p.add_argument("rounds", type=int)
+    c = modes.add_parser("contend")
+    c.add_argument("url")
+    c.add_argument("rounds", type=int)
+    c.add_argument("hold_ms", type=float)
     for mode in ("handoff", "gates"):
         modes.add_parser(mode).add_argument("url")
     args = parser.parse_args()
-    asyncio.run({"pool": _pool, "handoff": _handoff, "gates": _gates}[args.mode](args))
+    modes_run = {"pool": _pool, "handoff": _handoff, "gates": _gates, "contend": _contend}
+    asyncio.run(modes_run[args.mode](args))
 
 
 if __name__ == "__main__":

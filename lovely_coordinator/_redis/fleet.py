@@ -114,6 +114,9 @@ class RedisFleet(FleetAdmission):
         self._learning: dict[ModelTuple, _Learned] = {}
         self._learner: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     @property
     def ttl(self) -> float:
@@ -155,9 +158,18 @@ class RedisFleet(FleetAdmission):
         tb: TracebackType | None,
     ) -> None:
         assert self._stack is not None
-        await self._stack.aclose()
-        if self._learner is not None:
-            self._learner.cancel()
+        self._closing = True
+        try:
+            await self._stack.aclose()
+        finally:
+            tasks = set(self._background)
+            with anyio.CancelScope(shield=True):
+                if tasks:  # settles and learnings still on their way: a moment to land
+                    _, late = await asyncio.wait(tasks, timeout=1.0)
+                    for task in late:
+                        task.cancel()
+                    if late:
+                        await asyncio.wait(late)
 
     async def _leave(self) -> None:
         await best_effort(self._member.leave, self.ttl, f"leaving fleet {self.name!r}")
@@ -217,10 +229,16 @@ class RedisFleet(FleetAdmission):
 
     async def statistics(self) -> FleetStatistics:
         """The fleet as the server sees it (members, and per governed tuple its limit, in
-        flight, queued, budget available, gate); this member's view while Redis cannot
-        be reached (``available=False``)."""
+        flight, queued, budget available, gate), after this member's own releases and
+        learnings have reached it; this member's view while Redis cannot be reached
+        (``available=False``)."""
         require_asyncio()
         self._entered()
+        pending = set(self._releasing)  # this member's own releases and learnings: the
+        if self._learner is not None:  # view includes them
+            pending.add(self._learner)
+        if pending:
+            await asyncio.wait(pending, timeout=self.ttl)
         try:
             return await self._member.refresh()
         except UNAVAILABLE_ERRORS as exc:
@@ -276,8 +294,8 @@ class RedisFleet(FleetAdmission):
         if pending is not None:
             learned = _merge(pending, learned)
         self._learning[t] = learned
-        if pending is None and self._learner is None:
-            self._learner = asyncio.get_running_loop().create_task(self._send_learned())
+        if pending is None and self._learner is None and not self._closing:
+            self._learner = self._in_background(self._send_learned())
 
     # -- observing (the endpoint, top, OpenTelemetry) ------------------------------------------
 
@@ -314,8 +332,8 @@ class RedisFleet(FleetAdmission):
         return fleet_document(view, time.time() + self._member.server_offset)
 
     def _refresh_soon(self) -> None:
-        if self._refresher is None:
-            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+        if self._refresher is None and not self._closing:
+            self._refresher = self._in_background(self._refresh())
 
     async def _refresh(self) -> None:
         try:

@@ -19,13 +19,12 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from .. import _admission
 from .._errors import TupleSuspendedError, UsageError
 from .._settings import SUSPENDED_MESSAGE
 from .._types import ModelTuple
@@ -56,6 +55,16 @@ class FleetAdmission:
     _loop: asyncio.AbstractEventLoop | None
     _lines: dict[ModelTuple, asyncio.Lock]
     _listeners: list[AdmissionListener]
+    _background: set[asyncio.Task[None]]  # settles, learnings, refreshes on their way
+    _releasing: set[asyncio.Task[None]]  # of which the releases
+    _closing: bool
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task of the fleet's loop, kept until done (awaited on exit)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Unit | None:
         """The admission hook's wait (see ``_admission.py``), told to the listeners."""
@@ -115,7 +124,7 @@ class FleetAdmission:
             await permit.lend(lent)
         except BaseException:
             if got and got[0] is not None:
-                await _admission.give_back(got[0], used=False)
+                got[0].release(used=False)
             raise
         return got[0]
 
@@ -132,7 +141,7 @@ class FleetAdmission:
                 member.admit(
                     [member.epoch_key, keys["cfg"], keys["bucket"], keys["quiet"], keys["holders"],
                      keys["charges"], keys["queue"], keys["waiters"], keys["needs"], keys["ticket"],
-                     member.tombstone(unit.tag, unit.id)],
+                     member.tombstone(unit.tag, unit.id), keys["marker"]],
                     [unit.id, unit.tokens, member.ttl_ms, member.ttl_ms, member.channel, unit.tag,
                      boot.fresh_run_id(member.client)],
                 )
@@ -299,8 +308,8 @@ class Unit:
             loop.call_soon_threadsafe(self._send_soon)
 
     def _send_soon(self) -> None:
-        if self._sending is None and not self._done:
-            self._sending = asyncio.get_running_loop().create_task(self._send())
+        if self._sending is None and not self._done and not self.fleet._closing:
+            self._sending = self.fleet._in_background(self._send())
 
     async def _send(self) -> None:
         member = self.fleet._member
@@ -313,13 +322,43 @@ class Unit:
                     [self.id, value, member.channel, self.tag],
                 )
                 self._settled = value
-        except UNAVAILABLE_ERRORS as exc:
-            log.warning("fleet %r: settling a request failed: %s", self.fleet.name, exc)
+        except Exception as exc:  # it lapses with its unit; the release settles it too
+            log.warning(
+                "fleet %r: settling a request failed: %s",
+                self.fleet.name,
+                exc,
+                exc_info=not isinstance(exc, UNAVAILABLE_ERRORS),
+            )
         finally:
             self._sending = None
 
-    async def release(self, *, used: bool) -> None:
-        await self.give_back(used=used)
+    def release(self, *, used: bool) -> None:
+        """Give the unit back (``_admission.Admitted``): at once locally, to the server in
+        the background (a request's exit never waits: the httpx transport exits from sync
+        code and finalizers). From any thread; never raises."""
+        loop = self.fleet._loop
+        assert loop is not None
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._release_soon(used)
+        else:
+            loop.call_soon_threadsafe(self._release_soon, used)
+
+    def _release_soon(self, used: bool) -> None:
+        if self.local:
+            self._done = True
+            self.fleet._member.share.release(self.t)
+            self.fleet._wake_local(self.tag)
+        elif not self.fleet._closing:
+            task = self.fleet._in_background(self.give_back(used=used))
+            self.fleet._releasing.add(task)
+            task.add_done_callback(self.fleet._releasing.discard)
+        else:  # the fleet is being left: the unit lapses within its ttl
+            self._done = True
+            self.fleet._member.units.pop(self.id, None)
 
     async def give_back(self, *, used: bool, abandon: bool = False) -> None:
         self._done = True

@@ -27,7 +27,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from .._types import ModelTuple
-from . import boot, cancellation, fleet_scripts
+from . import boot, cancellation, fleet_scripts, generation
 from .evalsha import Script
 from .fleet_state import (
     FleetStatistics,
@@ -84,6 +84,7 @@ class Member:
         self.id = uuid.uuid4().hex
         self.base = base = object_base(prefix, "fleet", name)
         self.channel = f"{base}:changed"
+        self.marker = generation.marker_key(client, base)
         self.epoch_key, self.members_key, self.governed_key = (
             f"{base}:epoch", f"{base}:members", f"{base}:governed"
         )  # fmt: skip
@@ -113,8 +114,10 @@ class Member:
     # -- keys ------------------------------------------------------------------------------------
 
     def keys(self, tag: str) -> dict[str, str]:
-        """The tuple's keys by part (see fleet_scripts.py)."""
-        return {part: f"{self.base}:t:{tag}:{part}" for part in _PARTS}
+        """The tuple's keys by part (see fleet_scripts.py), and the generation marker."""
+        keys = {part: f"{self.base}:t:{tag}:{part}" for part in _PARTS}
+        keys["marker"] = self.marker
+        return keys
 
     def tombstone(self, tag: str, unit: str) -> str:
         return f"{self.base}:t:{tag}:abandoned:{unit}"

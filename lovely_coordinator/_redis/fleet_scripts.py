@@ -39,8 +39,11 @@ member died or stalled past the ttl) is gone, so a late settle or release change
 
 **Lost state.** A server that lost the fleet (no ``epoch``) answers ``LOST``: members put
 back the settings they know, with every bucket *empty* at that instant (it refills at its
-rate), so a restart never admits more than the budget allowed. A limit's units are
-granted only after the quiet period (scripts.py) once its ticket counter is gone.
+rate), so a restart never admits more than the budget allowed. Any loss of state the
+server's generation marker notices (generation.py: a flush, a restart, a failover to a
+replica that missed writes) also empties a bucket written before it (each bucket records
+the generation that wrote it), and a limit's units are granted only after the quiet
+period, when every unit that may still be held elsewhere has lapsed.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ end
 )
 
 # KEYS: 1 epoch, 2 cfg, 3 bucket, 4 quiet, 5 holders, 6 charges, 7 queue, 8 waiters,
-#       9 needs, 10 ticket counter, 11 this attempt's tombstone
+#       9 needs, 10 ticket counter, 11 this attempt's tombstone, 12 the generation marker
 # ARGV: 1 id, 2 tokens, 3 unit ttl ms, 4 waiter ttl ms, 5 channel, 6 tag, 7 fresh run id
 # -> {GRANTED, ticket, server ms, drawn requests, drawn tokens ('' without a budget)}
 #  | {WAITING, ms or -1, ticket, closed 0/1}
@@ -150,10 +153,11 @@ if redis.call('ZSCORE', KEYS[5], id) then
   -- A retried call whose first reply was lost: the unit stands.
   return {1, tonumber(redis.call('HGET', KEYS[6], id .. ':ticket') or '0'), now_ms}
 end
-if limit and redis.call('EXISTS', KEYS[10]) == 0 then
-  local wait, run_id = quiet(KEYS[4], tonumber(ARGV[3]), ARGV[7])
-  if wait > 0 then return {2, wait, run_id} end
-end
+-- Lost state (a flush, a restart, a failover: see generation.py): a limit's units may be
+-- held elsewhere, so none is granted for a quiet period; a bucket that may be stale
+-- starts empty now.
+local wait, run_id, gen = generation(KEYS[12], tonumber(ARGV[3]), ARGV[7])
+if limit and wait > 0 then return {2, wait, run_id} end
 local ticket = redis.call('ZSCORE', KEYS[7], id)
 if not ticket then
   ticket = redis.call('INCR', KEYS[10])
@@ -175,6 +179,13 @@ if limit and rank >= limit - redis.call('ZCARD', KEYS[5]) then
   local ms = -1
   if #first > 0 then ms = tonumber(first[2]) - now_ms end
   return refuse(ms, 0)
+end
+if rpm or tpm then
+  local written_by = redis.call('HGET', KEYS[3], 'gen')
+  if written_by and written_by ~= gen then
+    store(KEYS[3], rpm and 0 or nil, tpm and 0 or nil, now)
+  end
+  redis.call('HSET', KEYS[3], 'gen', gen)
 end
 local rq, tk = refill(KEYS[3], rpm, tpm, now)
 if rpm or tpm then

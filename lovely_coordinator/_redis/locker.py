@@ -5,15 +5,22 @@ Keys for conversation ``C`` under prefix ``P`` (one hash tag, see keys.py)::
     P{conv:C}:lock      the lease: "<owner> <token>", the owner unique per acquire call,
                         expiring after ttl
     P{conv:C}:fence     the last fencing token issued (see scripts.py for why it may expire)
-    P{conv:C}:waiting   set by a refused acquire, so that the release knows to publish
+    P{conv:C}:waiting   the line: zset owner -> ticket (FIFO: only its head is granted)
+    P{conv:C}:beats     zset owner -> heartbeat expiry (ms), renewed by every attempt
+    P{conv:C}:ticket    the ticket counter (the line's keys expire once nobody waits)
     P{conv:C}:abandoned:<owner>   briefly, after the clean-up of an abandoned acquire
 
 the server's generation marker (see generation.py), and one channel per prefix,
-``P{conv}:released``, carrying the conversation id of each release that somebody was
-waiting for. A waiter re-checks when a release of its
-conversation is announced, when the holder's lease is due to expire (a dead holder
-announces nothing), and at least every second in any case, so a lost message only costs
-latency.
+``P{conv}:released``, carrying the conversation id of each release (or place given up)
+while somebody stands in line. A waiter re-checks when a release of its conversation is
+announced, when the holder's lease is due to expire (a dead holder announces nothing), and
+at least every ``min(ttl / 3, 1 s)`` in any case (which doubles as its heartbeat), so a
+lost message only costs latency.
+
+Leases are granted in the order the waiters' first requests reached the server, across
+processes: a free lease goes only to the head of the line; a place whose process died
+leaves the line when its heartbeat (a ttl) lapses; a holder that releases and asks again
+goes to the back.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import final
 import redis.asyncio
 
 from . import boot, generation, scripts
+from .confirm import Confirmation
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
@@ -34,6 +42,7 @@ from .subscriber import Subscriber, Watch
 from .validation import (
     check_client,
     check_key,
+    check_min_replicas,
     check_prefix,
     check_sendable,
     check_ttl,
@@ -53,20 +62,30 @@ class RedisLocker:
             replica should use the same ttl for the same prefix.
         prefix: namespace of every key and channel; lockers with different prefixes are
             independent.
+        min_replicas: how many replicas must have a grant, and each renewal, before it
+            counts (``WAIT``; see the module ``lovely_coordinator.redis``). While fewer
+            acknowledge, ``acquire()`` keeps waiting and a holder's renewals fail, so it
+            sees ``lost`` by its deadline.
 
     Raises:
         InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` (a
-            ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9, or
-            ``prefix`` is not a string.
+            ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9,
+            ``prefix`` is not a string, or ``min_replicas`` not an int from 0 to 1000.
         UsageError: constructed under trio (this module is asyncio-only).
     """
 
     def __init__(
-        self, client: redis.asyncio.Redis, *, ttl: float = 30.0, prefix: str = "lovely:"
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        ttl: float = 30.0,
+        prefix: str = "lovely:",
+        min_replicas: int = 0,
     ) -> None:
         self._client = check_client(client)
         self._ttl = check_ttl(ttl)
         self._prefix = check_prefix(prefix)
+        self._confirm = Confirmation(check_min_replicas(min_replicas), self._ttl)
         check_sendable(client, "prefix", prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
         self._channel = f"{object_base(prefix, 'conv')}:released"
@@ -108,13 +127,18 @@ class RedisLocker:
         base = self._base(conversation_id)
         marker = generation.marker_key(self._client, base)
         keys = [f"{base}:lock", f"{base}:fence", f"{base}:waiting", marker]
-        keys.append(f"{base}:abandoned:{owner}")
+        keys += [f"{base}:abandoned:{owner}", f"{base}:beats", f"{base}:ticket"]
         client = self._client
 
         async def attempt() -> list[int]:
             fresh = boot.fresh_run_id(client)
-            reply: list[int] = await self._acquire_script(
-                keys, [owner, self._ttl_ms, FENCE_TTL_MS, fresh]
+            args: list[str | int] = [owner, self._ttl_ms, FENCE_TTL_MS, fresh, self._ttl_ms]
+            reply: list[int] = await self._confirm.grant(
+                self._acquire_script,
+                keys,
+                args,
+                give_back=lambda _: self._delete(conversation_id, owner),
+                what=f"the lease on {conversation_id!r}",
             )
             return reply
 
@@ -126,10 +150,12 @@ class RedisLocker:
             on_quiet=functools.partial(boot.on_quiet, client, f"conversation {conversation_id!r}"),
             subscribed=lambda: self._subscriber.subscribed,
             ttl=self._ttl,
-            recheck=MAX_RECHECK,
+            recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat
             what=f"acquiring {conversation_id!r}",
         )
-        return RedisLease(self, conversation_id, owner, int(reply[1]), sent)
+        lease = RedisLease(self, conversation_id, owner, int(reply[1]), sent)
+        lease.ticket = int(reply[2])
+        return lease
 
     @contextlib.asynccontextmanager
     async def _watching(self, conversation_id: str) -> AsyncIterator[Watch]:
@@ -156,12 +182,9 @@ class RedisLocker:
     async def _extend(self, conversation_id: str, owner: str, fence: int) -> bool:
         """Renew the lease if ``owner`` holds it; report its fence either way."""
         base = self._base(conversation_id)
-        return bool(
-            await self._extend_script(
-                [f"{base}:lock", f"{base}:fence"],
-                [f"{owner} {fence}", self._ttl_ms, fence, FENCE_TTL_MS],
-            )
-        )
+        keys = [f"{base}:lock", f"{base}:fence"]
+        args: list[str | int] = [f"{owner} {fence}", self._ttl_ms, fence, FENCE_TTL_MS]
+        return bool(await self._confirm.renewal(self._extend_script, keys, args))
 
     async def _delete(self, conversation_id: str, owner: str, *, abandon: bool = False) -> bool:
         """Compare-and-delete: remove the lease only if ``owner`` holds it.
@@ -172,7 +195,7 @@ class RedisLocker:
         """
         base = self._base(conversation_id)
         deleted = await self._release_script(
-            [f"{base}:lock", f"{base}:waiting", f"{base}:abandoned:{owner}"],
+            [f"{base}:lock", f"{base}:waiting", f"{base}:abandoned:{owner}", f"{base}:beats"],
             [owner, self._channel, conversation_id, self._ttl_ms if abandon else 0],
         )
         return bool(deleted)
@@ -185,6 +208,8 @@ class RedisLease(Grant):
     Attributes:
         fence: the fencing token, strictly greater than every earlier token of the same
             conversation (even across a server restart without persistence).
+        ticket: its place in the conversation's line (increasing in the order the
+            waiters asked; 0 when the reply that told it was lost and resent).
         conversation_id: the conversation it serializes.
         lost: an :class:`anyio.Event`, set when the lease can no longer be shown held: a
             renewal was refused, or none succeeded before the local deadline (always
@@ -201,6 +226,7 @@ class RedisLease(Grant):
     ) -> None:
         self.conversation_id = conversation_id
         self.fence = fence
+        self.ticket = 0
         super().__init__(
             ttl=locker.ttl,
             sent_at=sent_at,

@@ -113,37 +113,65 @@ end
 
 # A lease is the lock key holding "<owner> <token>": the owner is unique per acquire call,
 # the token the fence minted with the grant (so a retried call can answer with it).
+# Waiters stand in line (FIFO, as in the permit pool): the line is a zset owner -> ticket,
+# each place kept alive by a heartbeat (zset owner -> expiry ms) that every attempt renews;
+# only the head of the line is granted a free lease. The line's keys expire when nobody
+# has stood in it for two waiter ttls.
 #
-# KEYS: lock, fence counter, "someone is waiting" flag, generation marker, this owner's
-# tombstone
-# ARGV: owner, ttl ms, fence-counter ttl ms, vouched run ids ('' if none)
-# -> {GRANTED, token} | {WAITING, remaining ttl ms or -1} | {QUIET, ms, run id}
+# KEYS: lock, fence counter, line, generation marker, this owner's tombstone, heartbeats,
+# ticket counter
+# ARGV: owner, ttl ms, fence-counter ttl ms, vouched run ids ('' if none), waiter ttl ms
+# -> {GRANTED, token, ticket (0 if unknown)} | {WAITING, remaining ttl ms or -1, ticket}
+#  | {QUIET, ms, run id}
 LOCK_ACQUIRE: Final = (
     PRELUDE
     + """
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- The attempt was abandoned and cleaned up already: this request was overtaken by its
   -- own clean-up (they travel on different connections), and nobody awaits the grant.
-  return {0, -1}
+  return {0, -1, 0}
 end
+local owner = ARGV[1]
 local holder = redis.call('GET', KEYS[1])
 if holder then
-  local owner, token = string.match(holder, '^(%x+) (%d+)$')
-  if owner == ARGV[1] then
-    return {1, tonumber(token)}  -- a retried call whose first reply was lost
+  local held_by, token = string.match(holder, '^(%x+) (%d+)$')
+  if held_by == owner then
+    return {1, tonumber(token), 0}  -- a retried call whose first reply was lost
   end
-  local pttl = redis.call('PTTL', KEYS[1])
-  -- Ask the holder's release to publish; the flag outlives the lease.
-  redis.call('SET', KEYS[3], '1', 'PX', math.max(pttl, 0) + tonumber(ARGV[2]))
-  return {0, pttl}
+end
+-- Places whose heartbeat lapsed (their process died) leave the line.
+local now_ms = math.floor(now_us() / 1000)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms)) do
+  redis.call('ZREM', KEYS[3], gone)
+  redis.call('ZREM', KEYS[6], gone)
+end
+-- Take a place, or keep it: the heartbeat first (see POOL_ACQUIRE).
+local waiter_ttl = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[6], now_ms + waiter_ttl, owner)
+local ticket = redis.call('ZSCORE', KEYS[3], owner)
+if not ticket then
+  ticket = redis.call('INCR', KEYS[7])
+  redis.call('ZADD', KEYS[3], ticket, owner)
+end
+for _, key in ipairs({KEYS[3], KEYS[6], KEYS[7]}) do
+  redis.call('PEXPIRE', key, 2 * waiter_ttl)
+end
+ticket = tonumber(ticket)
+if holder then
+  return {0, redis.call('PTTL', KEYS[1]), ticket}
+end
+if redis.call('ZRANGE', KEYS[3], 0, 0)[1] ~= owner then
+  return {0, -1, ticket}  -- free, but someone stood in line first
 end
 local wait, run_id = generation(KEYS[4], tonumber(ARGV[2]), ARGV[4])
 if wait > 0 then
   return {2, wait, run_id}
 end
 local token = mint(KEYS[2], ARGV[3], now_us())
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fmt(token), 'PX', ARGV[2])
-return {1, token}
+redis.call('SET', KEYS[1], owner .. ' ' .. fmt(token), 'PX', ARGV[2])
+redis.call('ZREM', KEYS[3], owner)
+redis.call('ZREM', KEYS[6], owner)
+return {1, token, ticket}
 """
 )
 
@@ -162,7 +190,9 @@ return 0
 """
 )
 
-# KEYS: lock, waiting flag, the owner's tombstone
+# Release a lease, or leave the line (an abandoned attempt). Whoever stands in line is
+# told (its head may now be granted).
+# KEYS: lock, line, the owner's tombstone, heartbeats
 # ARGV: owner, channel, message, tombstone ttl ms ('0' for a release, the lease ttl for the
 # clean-up of an abandoned attempt) -> 1 deleted | 0 not ours
 LOCK_RELEASE: Final = """
@@ -171,15 +201,18 @@ if ARGV[4] ~= '0' then
   -- granted, too): refuse it on arrival.
   redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
 end
+local left = redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 local holder = redis.call('GET', KEYS[1])
-if not holder or string.match(holder, '^(%x+) ') ~= ARGV[1] then
-  return 0
+local mine = holder and string.match(holder, '^(%x+) ') == ARGV[1]
+if mine then
+  redis.call('DEL', KEYS[1])
 end
-redis.call('DEL', KEYS[1])
-if redis.call('DEL', KEYS[2]) == 1 then
+if (mine or left == 1) and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('PUBLISH', ARGV[2], ARGV[3])
 end
-return 1
+if mine then return 1 end
+return 0
 """
 
 # Fences are compared as decimal strings, so any nonnegative integer is exact.

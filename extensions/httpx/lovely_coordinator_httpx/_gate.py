@@ -28,7 +28,6 @@ from lovely_coordinator import (
     UsageError,
     get_agent_coordinator,
 )
-from lovely_coordinator._requests import current_request_var
 
 from ._flow import Admit, Admitted, Call, Discard, Read, ResponseLike, Send, Step, exchange
 from ._flow import pool_timeout as pool_timeout_of
@@ -209,18 +208,16 @@ class AsyncGated(_Shared[RequestT, ResponseT]):
             tokens=step.tokens,
             acceptance_order=step.order,
             reject_on_closed_tuple=gate.reject,
+            # The request context stays open after this returns (a streamed body), but
+            # the caller's code is not inside it: were it current, the task's next call
+            # of this tuple would join this one (two calls, one slot, one draw).
+            current=False,
         )
-        outside = current_request_var.get()
         try:
             with anyio.fail_after(step.timeout):
                 model_request = await context.__aenter__()
         except TimeoutError:
             raise self._timed_out(step, request) from None
-        # The request context stays open after this returns (a streamed body), but the
-        # caller's code is not inside it: left current, it would make the task's next
-        # call of this tuple join this one (two calls, one slot, one draw). Its exit,
-        # later, restores this same value.
-        current_request_var.set(outside)
         return Admitted(model_request, lambda: _exit_now(context))
 
     def handle_request(self, request: object) -> Any:
