@@ -32,6 +32,11 @@ ever granted by an earlier boot), set the key ``lovely-coordinator:fresh-boot`` 
 ``run_id`` that ``INFO server`` reports. The marker must not be evicted (a
 ``maxmemory-policy`` of ``noeviction`` or ``volatile-*``; evicting it costs a quiet period).
 
+**Failover.** ``RedisLocker(..., min_replicas=n)`` and ``RedisPermitPool(...,
+min_replicas=n)`` count a grant, and each renewal, only once ``n`` replicas have it
+(``WAIT``): a failover to one of them loses no grant. While fewer acknowledge, acquires keep
+waiting and holders see ``lost`` by their deadline.
+
 Every key of an object shares one hash tag, and ids are escaped so that no two objects
 ever share a key, whatever characters their prefixes and ids contain. The scripts read
 ``INFO server`` (the version once per client; the run id at every grant), so the server

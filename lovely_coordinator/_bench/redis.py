@@ -79,6 +79,19 @@ async def _uncontended(client: redis.asyncio.Redis, rounds: int) -> list[float]:
     return await _alternating([ours, theirs], rounds)
 
 
+async def _confirmed(client: redis.asyncio.Redis, rounds: int) -> list[float]:
+    """Acquire+release with ``min_replicas`` 0 and 1 (the server has one replica)."""
+    plain, confirmed = RedisLocker(client, ttl=30), RedisLocker(client, ttl=30, min_replicas=1)
+
+    async def unconfirmed(i: int) -> None:
+        await (await plain.acquire(f"r{i % 8}")).release()
+
+    async def one_replica(i: int) -> None:
+        await (await confirmed.acquire(f"r{i % 8}")).release()
+
+    return await _alternating([unconfirmed, one_replica], rounds)
+
+
 async def _fenced_read(client: redis.asyncio.Redis, rounds: int, size: int) -> list[float]:
     log = FencedLog(client, f"bench:log:{size}")
     for n in range(20):  # a conversation of some length
@@ -254,6 +267,10 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
     finally:
         await proxy.close()
     waits, inversions = await _contended(server.url, 8, 10 if quick else 40)
+    with ThrowawayServer(server.executable) as replica:
+        replica.replicate(server)
+        async with redis.asyncio.Redis.from_url(server.url) as client:
+            alone, confirmed = await _confirmed(client, 300 if quick else 3000)
     gate = await _gate_propagation(server.url, n)
     per_second = await _pool_throughput(server.url, 16, 20 if quick else 100)
     return [
@@ -268,6 +285,9 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
         ),
         *_latencies("  redis-py Lock hand-off", redis_py, None, "polls every 0.1 s by default"),
         *_contention("lease, 8 processes contending", waits, inversions),
+        Figure("acquire+release, min_replicas=0", alone * 1e6, "us", note="1 replica"),
+        Figure("  same, min_replicas=1", confirmed * 1e6, "us", note="WAIT after each grant"),
+        Figure("  cost of min_replicas=1", (confirmed - alone) * 1e6, "us"),
         *_latencies("gate close propagation", gate, 5.0, "to the other process's coordinator"),
         Figure("plain entries(), 20 of 100 B", plain * 1e6, "us"),
         Figure("fenced entries(fence=f), same", fenced * 1e6, "us"),

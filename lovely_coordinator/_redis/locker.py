@@ -34,6 +34,7 @@ from typing import final
 import redis.asyncio
 
 from . import boot, generation, scripts
+from .confirm import Confirmation
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
@@ -41,6 +42,7 @@ from .subscriber import Subscriber, Watch
 from .validation import (
     check_client,
     check_key,
+    check_min_replicas,
     check_prefix,
     check_sendable,
     check_ttl,
@@ -60,20 +62,30 @@ class RedisLocker:
             replica should use the same ttl for the same prefix.
         prefix: namespace of every key and channel; lockers with different prefixes are
             independent.
+        min_replicas: how many replicas must have a grant, and each renewal, before it
+            counts (``WAIT``; see the module ``lovely_coordinator.redis``). While fewer
+            acknowledge, ``acquire()`` keeps waiting and a holder's renewals fail, so it
+            sees ``lost`` by its deadline.
 
     Raises:
         InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` (a
-            ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9, or
-            ``prefix`` is not a string.
+            ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9,
+            ``prefix`` is not a string, or ``min_replicas`` not an int from 0 to 1000.
         UsageError: constructed under trio (this module is asyncio-only).
     """
 
     def __init__(
-        self, client: redis.asyncio.Redis, *, ttl: float = 30.0, prefix: str = "lovely:"
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        ttl: float = 30.0,
+        prefix: str = "lovely:",
+        min_replicas: int = 0,
     ) -> None:
         self._client = check_client(client)
         self._ttl = check_ttl(ttl)
         self._prefix = check_prefix(prefix)
+        self._confirm = Confirmation(check_min_replicas(min_replicas), self._ttl)
         check_sendable(client, "prefix", prefix)
         self._ttl_ms = max(1, round(self._ttl * 1000))
         self._channel = f"{object_base(prefix, 'conv')}:released"
@@ -120,8 +132,13 @@ class RedisLocker:
 
         async def attempt() -> list[int]:
             fresh = boot.fresh_run_id(client)
-            reply: list[int] = await self._acquire_script(
-                keys, [owner, self._ttl_ms, FENCE_TTL_MS, fresh, self._ttl_ms]
+            args: list[str | int] = [owner, self._ttl_ms, FENCE_TTL_MS, fresh, self._ttl_ms]
+            reply: list[int] = await self._confirm.grant(
+                self._acquire_script,
+                keys,
+                args,
+                give_back=lambda _: self._delete(conversation_id, owner),
+                what=f"the lease on {conversation_id!r}",
             )
             return reply
 
@@ -165,12 +182,9 @@ class RedisLocker:
     async def _extend(self, conversation_id: str, owner: str, fence: int) -> bool:
         """Renew the lease if ``owner`` holds it; report its fence either way."""
         base = self._base(conversation_id)
-        return bool(
-            await self._extend_script(
-                [f"{base}:lock", f"{base}:fence"],
-                [f"{owner} {fence}", self._ttl_ms, fence, FENCE_TTL_MS],
-            )
-        )
+        keys = [f"{base}:lock", f"{base}:fence"]
+        args: list[str | int] = [f"{owner} {fence}", self._ttl_ms, fence, FENCE_TTL_MS]
+        return bool(await self._confirm.renewal(self._extend_script, keys, args))
 
     async def _delete(self, conversation_id: str, owner: str, *, abandon: bool = False) -> bool:
         """Compare-and-delete: remove the lease only if ``owner`` holds it.

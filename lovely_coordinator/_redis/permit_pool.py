@@ -37,6 +37,7 @@ import redis.asyncio
 
 from .._validate import as_index
 from . import boot, generation, pool_scripts
+from .confirm import Confirmation
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
 from .keys import object_base
@@ -44,6 +45,7 @@ from .subscriber import Subscriber, Watch
 from .validation import (
     check_client,
     check_key,
+    check_min_replicas,
     check_prefix,
     check_sendable,
     check_ttl,
@@ -69,11 +71,13 @@ class RedisPermitPool:
         ttl: seconds a permit (or a queue place) survives its process; permits renew
             every ``ttl / 3``.
         prefix: namespace of the keys and channel.
+        min_replicas: how many replicas must have a grant, and each renewal, before it
+            counts (``WAIT``, as for :class:`~lovely_coordinator.redis.RedisLocker`).
 
     Raises:
         InvalidArgumentError: a bad ``client`` (a ``TypeError`` one), ``name``,
             ``limit`` (an int from 1 to 1e9), ``ttl`` (a number of seconds from 0.01 to
-            1e9) or ``prefix``.
+            1e9), ``prefix`` or ``min_replicas`` (an int from 0 to 1000).
         UsageError: constructed under trio (this module is asyncio-only).
     """
 
@@ -85,6 +89,7 @@ class RedisPermitPool:
         limit: int,
         ttl: float = 30.0,
         prefix: str = "lovely:",
+        min_replicas: int = 0,
     ) -> None:
         self._client = check_client(client)
         check_key(name, "name")
@@ -93,6 +98,7 @@ class RedisPermitPool:
         # large as 1e20 reaches a command as "1e+20", which the server refuses midway).
         limit = as_index(limit, "limit must be a positive integer up to 1e9", maximum=MAX_LIMIT)
         self._ttl = check_ttl(ttl)
+        self._confirm = Confirmation(check_min_replicas(min_replicas), self._ttl)
         self.name = name
         self.limit = limit
         self._ttl_ms = max(1, round(self._ttl * 1000))
@@ -143,12 +149,18 @@ class RedisPermitPool:
             permit_id, self.limit, self._ttl_ms, self._ttl_ms, FENCE_TTL_MS, self._channel
         ]  # fmt: skip
 
-        async def attempt() -> list[int]:
-            reply: list[int] = await self._acquire_script(keys, [*args, boot.fresh_run_id(client)])
-            return reply
-
         async def give_back(reply: Sequence[Any]) -> None:
             await self._leave(permit_id, requeue=int(reply[2]))
+
+        async def attempt() -> list[int]:
+            reply: list[int] = await self._confirm.grant(
+                self._acquire_script,
+                keys,
+                [*args, boot.fresh_run_id(client)],
+                give_back=give_back,
+                what=f"a permit of pool {self.name!r}",
+            )
+            return reply
 
         reply, sent = await wait_for_grant(
             attempt,
@@ -188,7 +200,7 @@ class RedisPermitPool:
     async def _refresh(self, permit_id: str, fence: int) -> bool:
         """Renew the permit if still held; report its fence either way."""
         args: list[str | int] = [permit_id, self._ttl_ms, fence, FENCE_TTL_MS]
-        return bool(await self._refresh_script(self._keys, args))
+        return await self._confirm.renewal(self._refresh_script, self._keys, args)
 
     def _tombstone(self, permit_id: str) -> str:
         return f"{self._base}:abandoned:{permit_id}"

@@ -21,6 +21,7 @@ __all__ = [
     "check_client",
     "check_fence",
     "check_key",
+    "check_min_replicas",
     "check_prefix",
     "check_seconds",
     "check_sendable",
@@ -71,6 +72,17 @@ def check_fence(fence: object) -> int:
         InvalidArgumentError: negative.
     """
     return as_index(fence, "fence must be a nonnegative integer", minimum=0)
+
+
+def check_min_replicas(value: object) -> int:
+    """``value`` as a plain int from 0 to 1000 (the replicas that must confirm a grant).
+
+    Raises:
+        InvalidArgumentTypeError: not an integer.
+        InvalidArgumentError: negative or above 1000.
+    """
+    message = "min_replicas must be an integer from 0 to 1000"
+    return as_index(value, message, minimum=0, maximum=1000)
 
 
 def check_key(value: str, what: str) -> str:

@@ -19,7 +19,8 @@ import pytest
 from anthropic.types import MessageParam
 from lovely_coordinator_httpx import CoordinatedTransport, legacy
 from lovely_coordinator_limits import ProviderLimitHandler
-from lovely_coordinator_limits.testing import FakeProvider, openai_sse_on_trio
+from lovely_coordinator_limits._share import STARTUP_FLOOR
+from lovely_coordinator_limits.testing import FakeProvider, Quota, openai_sse_on_trio
 from openai.types.chat import ChatCompletionMessageParam
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
@@ -320,3 +321,34 @@ async def test_loopback_messages_count_as_anthropic_by_default(
         assert entry is not None
         assert entry.requests_available is not None
         assert entry.requests_available < 100  # drawn from the anthropic tuple's budget
+
+
+# -- share estimation without a fleet ----------------------------------------------------------
+
+
+async def test_a_start_on_a_partly_spent_quota_is_not_held_at_a_tiny_share(
+    fake_provider: FakeProvider, fake_provider_url: str
+) -> None:
+    """Regression (issue 19): a process starting while the provider said little remained
+    learned a share of ~2% (20 tokens/s against 1,000/s announced) for seconds."""
+    with anyio.fail_after(20):
+        fake_provider.reply = None  # answers use all of max_tokens
+        fake_provider.limit("gpt-test", Quota(tokens_per_minute=60_000, window=10.0))
+        async with httpx2.AsyncClient() as other:  # another process, long gone: 95% spent
+            spent = await other.post(
+                f"{fake_provider_url}/v1/chat/completions",
+                json={"model": "gpt-test", "messages": MESSAGES, "max_tokens": 9_450},
+            )
+            assert spent.status_code == 200
+        coordinator = create_agent_coordinator(2)
+        handler = ProviderLimitHandler(coordinator)
+        transport = CoordinatedTransport(coordinator, handler=handler, providers=PROVIDERS)
+        async with openai.AsyncOpenAI(
+            api_key="test",
+            base_url=f"{fake_provider_url}/v1",
+            max_retries=0,
+            http_client=httpx2.AsyncClient(transport=transport),
+        ) as client:
+            await client.chat.completions.create(model="gpt-test", messages=MESSAGES, max_tokens=16)
+        # Its own 20 tokens of the 9,500 missing: 0.2%, held to 2 tokens a second before.
+        assert handler._learners[T].tokens.share >= STARTUP_FLOOR

@@ -14,6 +14,7 @@ settle it and learn from its headers.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, final
 
 from lovely_coordinator import ModelTuple
@@ -53,12 +54,21 @@ class Draw:
         started_at: when it was admitted (on the coordinator's clock).
     """
 
-    __slots__ = ("_charged", "_learner", "_refused", "marks", "request", "started_at")
+    __slots__ = ("_charged", "_learner", "_lock", "_refused", "marks", "request", "started_at")
 
-    def __init__(self, request: ModelRequestLike, learner: BudgetLearner, started_at: float):
+    def __init__(
+        self,
+        request: ModelRequestLike,
+        learner: BudgetLearner,
+        started_at: float,
+        lock: AbstractContextManager[object] | None = None,
+    ):
         self.request = request
         self.started_at = started_at
         self._learner = learner
+        # The handler's lock: the learner is shared by every call of the tuple, which
+        # may settle from any thread (a sync client's, a finalizer's).
+        self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._charged = request.tokens
         self._refused = False
         self.marks: Marks = learner.draw(self._charged)
@@ -83,9 +93,10 @@ class Draw:
         """
         if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > _MOST_TOKENS:
             tokens = _MOST_TOKENS
-        self.request.settle(tokens)
-        self._learner.tokens.adjust(tokens - self._charged)
-        self._charged = tokens
+        with self._lock:
+            self.request.settle(tokens)
+            self._learner.tokens.adjust(tokens - self._charged)
+            self._charged = tokens
 
     def refused(self) -> None:
         """The provider refused the call (a 429): it cost nothing there. Idempotent.
@@ -93,8 +104,9 @@ class Draw:
         Its tokens go back to the budget; the request it counted stays counted by the
         coordinator (what was drawn stays spent), but not in this process's share.
         """
-        if self._refused:
-            return
-        self._refused = True
-        self.settle(0)
-        self._learner.requests.adjust(-1)
+        with self._lock:
+            if self._refused:
+                return
+            self._refused = True
+            self.settle(0)
+            self._learner.requests.adjust(-1)

@@ -283,7 +283,7 @@ class ProviderLimitHandler:
         learner = self._learners.get(request.tuple)
         if learner is None:
             learner = self._learners[request.tuple] = BudgetLearner()
-        draw = Draw(request, learner, now(self.coordinator))
+        draw = Draw(request, learner, now(self.coordinator), self._lock)
         self._draws[id(request)] = draw
         return draw, True
 
@@ -323,8 +323,12 @@ class ProviderLimitHandler:
         available = (
             (None, None) if entry is None else (entry.requests_available, entry.tokens_available)
         )
+        # Calls waiting on this tuple: its demand is more than its budget lets through.
+        hungry = entry is not None and entry.queued > 0
         learner = self._learners[t]
-        learned = learner.learn(limits, draw.marks, at=now(self.coordinator), available=available)
+        learned = learner.learn(
+            limits, draw.marks, at=now(self.coordinator), available=available, hungry=hungry
+        )
         if learned.empty:
             return
         coordinator.learn_budget(

@@ -32,7 +32,7 @@ __all__ = ["GAIN", "NUDGE", "RESERVE", "BudgetLearner", "Dimension", "Learned", 
 
 RESERVE = 0.1
 """The part of the provider's bucket the learned rate steers towards keeping."""
-GAIN = 2.0
+GAIN = 4.0
 """How strongly the rate follows the bucket's distance from the reserve."""
 NUDGE = (0.5, 1.5)
 """The least and most the rate is multiplied by."""
@@ -122,11 +122,12 @@ class Dimension:
         self._estimator.adjust(delta)
 
     def observe(
-        self, limit: Limit, mark: float, at: float, available: float | None
+        self, limit: Limit, mark: float, at: float, available: float | None, hungry: bool = False
     ) -> tuple[float | None, float | None]:
         """The per-minute rate and remaining amount to learn from one response's ``limit``.
 
-        ``available`` is what the coordinator's bucket holds now (``None``: no budget).
+        ``available`` is what the coordinator's bucket holds now (``None``: no budget);
+        ``hungry``: calls are waiting for it (see ``_share``).
         """
         per_minute = limit.per_minute
         if limit.remaining is None:
@@ -139,7 +140,12 @@ class Dimension:
             # No rate to reason with: what remains, less what was drawn since, is all.
             return None, max(0.0, limit.remaining - max(0.0, self.drawn - mark))
         left = self._estimator.observe(
-            at=at, remaining=limit.remaining, per_minute=per_minute, reset=limit.reset, mark=mark
+            at=at,
+            remaining=limit.remaining,
+            per_minute=per_minute,
+            reset=limit.reset,
+            mark=mark,
+            hungry=hungry,
         )
         desired = per_minute * self._estimator.share * _nudge(limit, per_minute)
         if self._level is None or self._stamp is None:
@@ -173,7 +179,7 @@ def _nudge(limit: Limit, per_minute: float) -> float:
 class BudgetLearner:
     """One tuple's learned budget: a :class:`Dimension` each for requests and tokens."""
 
-    def __init__(self, *, window: float = 1.0, smoothing: float = 0.5) -> None:
+    def __init__(self, *, window: float = 0.5, smoothing: float = 0.5) -> None:
         self.requests = Dimension(window=window, smoothing=smoothing)
         self.tokens = Dimension(window=window, smoothing=smoothing)
         self.announced = False  # whether the handler has logged the first learned budget
@@ -189,18 +195,20 @@ class BudgetLearner:
         *,
         at: float,
         available: tuple[float | None, float | None] = (None, None),
+        hungry: bool = False,
     ) -> Learned:
         """What one response (to the request with ``marks``) teaches about the budget.
 
-        ``available`` is what the coordinator's buckets hold now (requests, tokens).
+        ``available`` is what the coordinator's buckets hold now (requests, tokens);
+        ``hungry``: calls of this tuple are waiting for the budget now.
         """
         rpm, requests_left = (
-            self.requests.observe(limits.requests, marks.requests, at, available[0])
+            self.requests.observe(limits.requests, marks.requests, at, available[0], hungry)
             if limits.requests is not None
             else (None, None)
         )
         tpm, tokens_left = (
-            self.tokens.observe(limits.tokens, marks.tokens, at, available[1])
+            self.tokens.observe(limits.tokens, marks.tokens, at, available[1], hungry)
             if limits.tokens is not None
             else (None, None)
         )

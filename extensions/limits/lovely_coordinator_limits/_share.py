@@ -18,8 +18,23 @@ add up to more than one make the shared bucket run dry, which shows up as a larg
 refill unused, and the samples grow: the sum settles at one without any process talking
 to another.
 
+That measurement alone keeps whatever split the processes start with: each draws at its
+share, so each measures its share. To move towards shares in proportion to demand, a
+process that had more demand than its share let through during a window (*hungry*: calls
+waited for its budget) takes, unsmoothed, what it measured plus :data:`GREED` of what it
+did not get, as long as the provider's bucket has room (more than :data:`ROOM` of its
+capacity); one that drew less than its share measures less and so gives it back. Hungry
+processes together ask for a little more than the whole, the measurement scales them all
+back in the next window, and the smaller shares gain the most: equal demand converges to
+equal shares (a process that joins a busy one gets a third of the calls within seconds).
+When the bucket runs short of room, greed pauses until the measurement has brought the
+sum back to one, so the over-ask stays small and the provider's 429s rare.
+
 Until the first such window closes, each answer gives a rough estimate at once (see
 ``_first_sample``), so that processes starting together do not each take the whole bucket.
+That estimate is never below :data:`STARTUP_FLOOR`: a provider bucket found partly spent
+may have been spent long before (by others now idle, or by an earlier run), and a process
+held at a tiny share sends too few requests to close its first window and learn better.
 
 Observations are tied to what the process had drawn when it sent the request they answer
 (its *mark*), not to when they arrive, so concurrent responses arriving out of order
@@ -44,6 +59,13 @@ __all__ = ["Observation", "ShareEstimator"]
 # the window says nothing about how much the others draw.
 _FULL = 1e-3
 
+GREED = 0.06
+"""What a hungry process adds to the share it measured in a window."""
+STARTUP_FLOOR = 0.25
+"""The least share a rough estimate before the first window gives."""
+ROOM = 0.05
+"""Below this part of its capacity the provider's bucket has no room for greed."""
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -57,12 +79,14 @@ class Observation:
             the request this response answers (the value :meth:`ShareEstimator.draw`
             returned for it).
         full: the provider said its bucket was full (reset 0).
+        room: the provider's bucket held more than :data:`ROOM` of its capacity.
     """
 
     at: float
     remaining: float
     mark: float
     full: bool
+    room: bool = True
 
 
 @final
@@ -93,8 +117,10 @@ class ShareEstimator:
         self._min_share = float(min_share)
         # Invariants: min_share <= share <= 1; drawn only changes through draw/adjust;
         # anchor, once set, is the newest observation (by mark) that a window started from;
-        # windowed once a window closed; first_mark is the highest mark a rough sample used.
+        # windowed once a window closed; first_mark is the highest mark a rough sample used;
+        # hungry: some observation since the anchor said calls waited for the budget.
         self._share = 1.0
+        self._hungry = False
         self._windowed = False
         self._first_mark = 0.0
         self._drawn = 0.0
@@ -120,7 +146,14 @@ class ShareEstimator:
         self._drawn += delta
 
     def observe(
-        self, *, at: float, remaining: float, per_minute: float, reset: float | None, mark: float
+        self,
+        *,
+        at: float,
+        remaining: float,
+        per_minute: float,
+        reset: float | None,
+        mark: float,
+        hungry: bool = False,
     ) -> float:
         """Take one response's ``remaining`` into account.
 
@@ -130,12 +163,16 @@ class ShareEstimator:
             per_minute: the provider's limit per minute.
             reset: seconds until the provider's bucket is full, if it said.
             mark: the mark of the request this response answers.
+            hungry: calls of this process are waiting for its budget right now.
 
         Returns:
             What this process may still spend now: its share of ``remaining`` less what
             it drew since ``mark`` (never below zero).
         """
-        observation = Observation(at, remaining, mark, reset is not None and reset <= _FULL)
+        capacity = remaining + (reset or 0.0) * per_minute / 60.0
+        room = reset is None or remaining > ROOM * capacity
+        observation = Observation(at, remaining, mark, reset is not None and reset <= _FULL, room)
+        self._hungry = self._hungry or hungry
         anchor = self._anchor
         if anchor is None:
             self._anchor = observation
@@ -143,6 +180,7 @@ class ShareEstimator:
             if not (observation.full or anchor.full):
                 self._sample(anchor, observation, per_minute / 60.0)
             self._anchor = observation
+            self._hungry = False
         if not self._windowed and reset is not None and mark > self._first_mark:
             self._first_mark = mark
             self._first_sample(reset * per_minute / 60.0, mark)
@@ -159,7 +197,7 @@ class ShareEstimator:
         # smaller share for a moment; the windows that follow (and the learner's reserve
         # control) correct that.
         if deficit > own > 0:
-            self._share = min(1.0, max(self._min_share, own / deficit))
+            self._share = min(1.0, max(STARTUP_FLOOR, own / deficit))
         else:
             self._share = 1.0
 
@@ -170,7 +208,9 @@ class ShareEstimator:
         # are idle, so this process may take it all.
         sample = 1.0 if everyone <= own else own / everyone
         sample = min(1.0, max(self._min_share, sample))
-        if self._windowed:  # rough first estimates are replaced, not averaged in
+        if self._hungry and end.room:
+            sample += GREED * (1.0 - sample)  # asks for more: see the module docstring
+        elif self._windowed:  # rough first estimates are replaced, not averaged in
             sample = self._share + self._smoothing * (sample - self._share)
         self._share = min(1.0, max(self._min_share, sample))
         self._windowed = True

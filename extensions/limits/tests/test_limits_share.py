@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from lovely_coordinator_limits._share import ShareEstimator
+from lovely_coordinator_limits._share import GREED, STARTUP_FLOOR, ShareEstimator
 
 from lovely_coordinator import InvalidArgumentError
 
@@ -122,3 +122,44 @@ def test_the_share_stays_in_bounds_and_nothing_left_is_negative(
 def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         ShareEstimator(**kwargs)
+
+
+def test_a_rough_share_is_never_below_the_start_up_floor() -> None:
+    """Regression (issue 19): a bucket found 95% spent (by others, long before) made the
+    first answer's share 1 / 95 and held the process there for seconds."""
+    estimator = ShareEstimator(window=1.0)
+    mark = estimator.draw(1)
+    estimator.observe(at=0.1, remaining=5, per_minute=600, reset=9.5, mark=mark)
+    assert estimator.share == STARTUP_FLOOR
+
+
+def _window(hungry: bool, reset: float) -> ShareEstimator:
+    estimator = ShareEstimator(window=1.0, smoothing=0.5)
+    estimator.observe(at=0.0, remaining=500, per_minute=600, reset=None, mark=estimator.draw(1))
+    # In 2 s the provider refilled 20 and fell by 40: everyone drew 60, this process 15.
+    mark = estimator.draw(15)
+    estimator.observe(
+        at=2.0, remaining=500 - 40, per_minute=600, reset=reset, mark=mark, hungry=hungry
+    )
+    return estimator
+
+
+def test_a_hungry_process_asks_for_part_of_what_it_did_not_get() -> None:
+    assert _window(False, 5.0).share == pytest.approx(0.25)
+    assert _window(True, 5.0).share == pytest.approx(0.25 + GREED * 0.75)
+    # The provider's bucket without room (460 of 460 + 1000 s * 10 a second): no greed.
+    assert _window(True, 1000.0).share == pytest.approx(0.25)
+
+
+def test_hunger_counts_for_the_window_it_was_seen_in() -> None:
+    estimator = ShareEstimator(window=1.0, smoothing=0.5)
+    estimator.observe(at=0.0, remaining=500, per_minute=600, reset=None, mark=estimator.draw(1))
+    estimator.observe(
+        at=0.5, remaining=490, per_minute=600, reset=5.0, mark=estimator.draw(5), hungry=True
+    )
+    estimator.observe(at=2.0, remaining=460, per_minute=600, reset=5.0, mark=estimator.draw(10))
+    assert estimator.share == pytest.approx(0.25 + GREED * 0.75)
+    # The next window saw no hunger: smoothed towards what it measured (half of 60).
+    estimator.observe(at=4.0, remaining=420, per_minute=600, reset=5.0, mark=estimator.draw(30))
+    first = 0.25 + GREED * 0.75
+    assert estimator.share == pytest.approx(first + 0.5 * (0.5 - first))
