@@ -22,6 +22,8 @@ How the two admissions compose, and why it keeps §9's promises:
 * **Learning.** While a hook is attached, ``learn_budget`` (the extensions' header
   learning) teaches the hook's budget, which the provider's figures describe: one budget
   shared by every process, not this process's share of it.
+* **Threads.** ``request_sync`` (a thread without an event loop) is admitted by the hook
+  the same way, the calling thread blocking meanwhile (within its timeout).
 * **Then local.** The local scheduler admits the request as any other (global cap, tuple
   cap, local budget, local gate, §9). Its outer admission is held meanwhile; once inside, the
   call's ``settle()`` is passed on to the hook, and leaving the request releases both.
@@ -33,6 +35,7 @@ The hook is looked up per coordinator (a weak mapping, one hook per coordinator 
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -43,7 +46,7 @@ from ._types import ModelTuple
 if TYPE_CHECKING:
     from ._core import CoordinatorCore
 
-__all__ = ["Admission", "Admitted", "admit", "attach", "attached"]
+__all__ = ["Admission", "Admitted", "admit", "admit_blocking", "attach", "attached"]
 
 
 class Admitted(Protocol):
@@ -83,6 +86,16 @@ class Admission(Protocol):
         """The hook's latest view as plain JSON data, for the statistics endpoint (sync,
         from any thread, never raises; the hook refreshes it in the background)."""
 
+    def admit_blocking(
+        self, t: ModelTuple, tokens: int, *, reject: bool, timeout: float | None
+    ) -> Admitted | None:
+        """:meth:`admit` for a thread without an event loop (``request_sync``): blocks
+        the calling thread.
+
+        Raises:
+            AdmissionTimeoutError: not admitted within ``timeout`` (nothing held).
+        """
+
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Admitted | None:
         """Wait (cancellably) until admitted; ``None`` if ``t`` turned out not governed.
 
@@ -115,6 +128,26 @@ def attach(coordinator: object, hook: Admission) -> Callable[[], None]:
 def attached(coordinator: object) -> Admission | None:
     """The hook attached to ``coordinator``, if any."""
     return _hooks.get(coordinator)
+
+
+def admit_blocking(
+    coordinator: CoordinatorCore,
+    t: ModelTuple,
+    tokens: int,
+    order: int | None,
+    reject: bool,
+    deadline: float | None,
+) -> tuple[Admitted | None, int | None]:
+    """:func:`admit` for ``request_sync`` (blocks the calling thread); ``deadline`` is on
+    ``time.monotonic()``."""
+    hook = _hooks.get(coordinator) if _hooks else None
+    if hook is None or not hook.governs(t):
+        return None, order
+    if order is None:
+        with coordinator._lock:
+            order = coordinator._scheduler.next_order()
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return hook.admit_blocking(t, tokens, reject=reject, timeout=timeout), order
 
 
 async def admit(

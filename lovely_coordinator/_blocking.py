@@ -38,7 +38,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
-from . import _admission
+from ._admission import admit_blocking
 from ._backend import current_loop
 from ._errors import AdmissionTimeoutError, UsageError
 from ._lines import GRANTED, RequestTicket
@@ -52,10 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["TIMEOUT_MESSAGE", "BlockingRequestContext", "as_timeout", "helper_loop"]
 
 TIMEOUT_MESSAGE: Final = "timeout must be a nonnegative number of seconds or None"
-_FLEET_MESSAGE: Final = (
-    "request_sync() cannot be admitted by the RedisFleet that governs this tuple (a fleet "
-    "admits only on its own event loop): use `async with coordinator.request(...)` there"
-)
 _IN_LOOP_MESSAGE: Final = (
     "request_sync() blocks its thread, and this thread runs an event loop: "
     "use `async with coordinator.request(...)` here"
@@ -164,11 +160,6 @@ class _Admission:
         if self.abandoned:
             self.done.set()
             return
-        hook = _admission.attached(self._core)
-        if hook is not None and hook.governs(self._t):
-            self.error = UsageError(_FLEET_MESSAGE)
-            self.done.set()
-            return
         try:
             ticket, wait = self._core._enqueue_request(
                 self._t, self._order, self._reject, self._tokens, None
@@ -250,9 +241,20 @@ class BlockingRequestContext:
         self._entered = True
         timeout = self._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        admission = _Admission(
+        outside, order = admit_blocking(  # a fleet's admission first (see _admission)
             self._core, self._t, self._tokens, self._order, self._reject, deadline
         )
+        try:
+            ticket = self._admit(order, deadline)
+        except BaseException:
+            if outside is not None:
+                outside.release(used=False)
+            raise
+        self._request = ModelRequest(self._core, ticket, outside)
+        return self._request
+
+    def _admit(self, order: int | None, deadline: float | None) -> RequestTicket:
+        admission = _Admission(self._core, self._t, self._tokens, order, self._reject, deadline)
         loop = helper_loop()
         loop.call_soon_threadsafe(admission.start)
         try:
@@ -270,8 +272,7 @@ class BlockingRequestContext:
             raise error
         ticket = admission.ticket
         assert ticket is not None
-        self._request = ModelRequest(self._core, ticket)
-        return self._request
+        return ticket
 
     def __exit__(
         self,
@@ -282,3 +283,5 @@ class BlockingRequestContext:
         request = self._request
         assert request is not None
         self._core._release(request._ticket)
+        if request._outer is not None:
+            request._outer.release(used=True)

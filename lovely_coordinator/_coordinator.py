@@ -337,8 +337,10 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
             TupleSuspendedError: ``reject_on_closed_tuple`` and ``t`` is or gets closed.
             CoordinatorBusyError: ``max_queued`` waiters already wait.
             UsageError: entered twice, or entered in a thread that runs an event loop
-                (blocking it could stop the very release it waits for), or for a tuple a
-                ``RedisFleet`` governs (a fleet admits only on its own event loop).
+                (blocking it could stop the very release it waits for).
+
+        A tuple a ``RedisFleet`` governs is admitted by the fleet first (on the fleet's
+        event loop, the thread blocking meanwhile), within the same ``timeout``.
         """
         charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)

@@ -158,7 +158,7 @@ def _report(
     return lines, problems
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover - a replica process of the demo
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     modes = parser.add_subparsers(dest="mode", required=True)
     p = modes.add_parser("member")

@@ -371,3 +371,78 @@ async def test_the_httpx_transport_is_admitted_by_the_fleet_and_teaches_it(
     assert (row.requests_per_minute, row.tokens_per_minute) == (600, 100_000)
     assert row.requests_available is not None
     assert row.requests_available < 600
+
+
+async def test_listeners_stale_settings_and_other_loops(
+    redis_server: ThrowawayServer,
+    redis_client: Any,
+    redis_connect: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    from lovely_coordinator._redis.fleet_state import Setting
+
+    seen: list[tuple[ModelTuple, str]] = []
+
+    def listener(t: ModelTuple, waited: float, outcome: str) -> None:
+        seen.append((t, outcome))
+        raise RuntimeError("a listener that fails")
+
+    with anyio.fail_after(10):
+        async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:
+            remove = fleet.add_listener(listener)
+            with pytest.raises(InvalidArgumentTypeError):
+                fleet.add_listener(3)  # type: ignore[arg-type]
+            await fleet.set_tuple_limit(GPT, 1)
+            async with coordinator.request(GPT):
+                pass
+            assert seen == [(GPT, "granted")]
+            assert "an admission listener failed" in caplog.text
+            remove()
+            remove()  # idempotent
+            # A setting this member still believes in, which the fleet no longer has: the
+            # request is admitted locally, and the member forgets the setting.
+            fleet._member.known.put(CLAUDE, Setting(limit=1))
+            async with coordinator.request(CLAUDE):
+                pass
+            assert not fleet.governs(CLAUDE)
+            assert len(seen) == 1
+
+            # Another event loop (another thread) cannot be admitted by this fleet.
+            async def elsewhere() -> None:
+                async with coordinator.request(GPT):
+                    pass
+
+            with pytest.raises(UsageError, match="event loop it was entered on"):
+                await anyio.to_thread.run_sync(asyncio.run, elsewhere())
+            assert fleet.latest_statistics().name == "f"
+
+
+async def test_request_sync_from_a_thread_is_admitted_by_the_fleet(
+    redis_server: ThrowawayServer, redis_client: Any, redis_connect: Callable[..., Any]
+) -> None:
+    from lovely_coordinator import AdmissionTimeoutError
+
+    done: list[int] = []
+
+    def blocking(coordinator: AgentCoordinator, timeout: float | None) -> None:
+        with coordinator.request_sync(GPT, tokens=10, timeout=timeout) as call:
+            call.settle(5)
+            done.append(call.tokens)
+
+    with anyio.fail_after(20):
+        async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:
+            await fleet.set_tuple_limit(GPT, 1)
+            async with anyio.create_task_group() as tg, coordinator.request(GPT):
+                with pytest.raises(AdmissionTimeoutError):
+                    await anyio.to_thread.run_sync(blocking, coordinator, 0.2)
+                assert (await fleet.statistics()).tuples[0].queued == 0  # place given up
+                tg.start_soon(anyio.to_thread.run_sync, blocking, coordinator, None)
+                while (await fleet.statistics()).tuples[0].queued < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)  # (the line is in Redis)
+                assert not done
+                # Leaving the request gives the unit back: the thread is admitted.
+            assert done == [5]
+            row = (await fleet.statistics()).tuples[0]
+            assert (row.in_flight, row.queued) == (0, 0)

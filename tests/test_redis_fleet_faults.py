@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from lovely_coordinator import ModelTuple, create_agent_coordinator
+from lovely_coordinator import ModelTuple, TupleSuspendedError, create_agent_coordinator
 from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisFleet
 
@@ -20,6 +20,7 @@ __all__ = ["anyio_backend", "own_server"]  # fixtures
 pytestmark = pytest.mark.anyio
 
 GPT = ModelTuple("openai", "gpt-4o")
+CLOSED = ModelTuple("openai", "closed")
 
 
 async def test_restart_without_persistence_starts_buckets_empty(
@@ -63,8 +64,16 @@ async def test_unreachable_local_mode_admits_at_the_member_share(
         ):
             await a.set_tuple_limit(GPT, 2)
             await a.set_budget(GPT, tokens_per_minute=60_000)
+            await a.close_tuple(CLOSED, 60)
             assert (await a.statistics()).members == 2
             own_server.kill()
+            with pytest.raises(TupleSuspendedError):  # the closure it knows still holds
+                async with ca.request(CLOSED, reject_on_closed_tuple=True):
+                    pass
+            with anyio.move_on_after(0.1) as scope:
+                async with ca.request(CLOSED):
+                    pass
+            assert scope.cancelled_caught
             with caplog.at_level(logging.INFO, "lovely_coordinator.redis"):
                 stats = await a.statistics()
                 assert not stats.available

@@ -117,6 +117,7 @@ class RedisFleet(FleetAdmission):
         self._background: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._left = False
 
     @property
     def ttl(self) -> float:
@@ -170,6 +171,7 @@ class RedisFleet(FleetAdmission):
                         task.cancel()
                     if late:
                         await asyncio.wait(late)
+            self._left = True
 
     async def _leave(self) -> None:
         await best_effort(self._member.leave, self.ttl, f"leaving fleet {self.name!r}")

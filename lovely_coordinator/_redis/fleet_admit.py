@@ -15,6 +15,7 @@ stalled past the ttl) is gone on the server, so its late settle changes nothing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import math
 import time
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from .._errors import TupleSuspendedError, UsageError
+from .._errors import AdmissionTimeoutError, TupleSuspendedError, UsageError
 from .._settings import SUSPENDED_MESSAGE
 from .._types import ModelTuple
 from . import boot, cancellation, fleet_scripts, scripts
@@ -57,7 +58,8 @@ class FleetAdmission:
     _listeners: list[AdmissionListener]
     _background: set[asyncio.Task[None]]  # settles, learnings, refreshes on their way
     _releasing: set[asyncio.Task[None]]  # of which the releases
-    _closing: bool
+    _closing: bool  # being left: no more settles, learnings or refreshes
+    _left: bool  # left: not even releases (the client may be closed)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task of the fleet's loop, kept until done (awaited on exit)."""
@@ -65,6 +67,25 @@ class FleetAdmission:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def admit_blocking(
+        self, t: ModelTuple, tokens: int, *, reject: bool, timeout: float | None
+    ) -> Unit | None:
+        """:meth:`admit` from a thread without an event loop (``request_sync``): made on
+        the fleet's loop while the calling thread blocks, given up past ``timeout``."""
+        loop = self._loop
+        assert loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.admit(t, tokens, reject=reject), loop)
+        try:
+            return future.result(timeout)
+        except BaseException as exc:
+            if not future.cancel() and not future.cancelled() and future.exception() is None:
+                unit = future.result()  # granted as the wait ended: give it back
+                if unit is not None:
+                    unit.release(used=False)
+            if isinstance(exc, concurrent.futures.TimeoutError):
+                raise AdmissionTimeoutError() from None
+            raise
 
     async def admit(self, t: ModelTuple, tokens: int, *, reject: bool) -> Unit | None:
         """The admission hook's wait (see ``_admission.py``), told to the listeners."""
@@ -278,7 +299,9 @@ class Unit:
         self._done = False
 
     def reset(self) -> None:
+        """A fresh id, after a grant that came too late was given back."""
         self.id = uuid.uuid4().hex
+        self._done = False
 
     def granted(self, reply: Sequence[Any] | None = None) -> Unit:
         """Admitted (by the script's ``reply``; None: locally): held from now on."""
@@ -352,11 +375,11 @@ class Unit:
             self._done = True
             self.fleet._member.share.release(self.t)
             self.fleet._wake_local(self.tag)
-        elif not self.fleet._closing:
+        elif not self.fleet._left:
             task = self.fleet._in_background(self.give_back(used=used))
             self.fleet._releasing.add(task)
             task.add_done_callback(self.fleet._releasing.discard)
-        else:  # the fleet is being left: the unit lapses within its ttl
+        else:  # the fleet was left: the unit lapses within its ttl
             self._done = True
             self.fleet._member.units.pop(self.id, None)
 
