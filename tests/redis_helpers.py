@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import redis.exceptions
 
 from lovely_coordinator._redis.generation import MARKER_KEY
 from lovely_coordinator._redis.keys import object_base
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator._redis.server import ThrowawayServer, faketime_library
 
 # Options of a client that retries a command once its pooled connection died with the server
 # (Redis.from_url() clients do not retry at all by default in redis-py 8).
@@ -62,3 +63,11 @@ async def uptime_at_least(client: Any, seconds: int) -> None:
 async def server_time_us(client: Any) -> int:
     seconds, micros = await client.time()
     return int(seconds) * 1_000_000 + int(micros)
+
+
+def require_faketime() -> None:
+    """Skip a test that sets a server's clock when faketime is missing; never under CI."""
+    if faketime_library() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("faketime is not installed (CI installs Debian's package faketime)")
+        pytest.skip("needs faketime (Debian's package faketime) to set a server's clock off")

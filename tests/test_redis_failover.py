@@ -17,7 +17,6 @@ after a newer holder's fenced read.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -25,14 +24,10 @@ import anyio
 import pytest
 
 from lovely_coordinator._redis.faults import FaultProxy, proxy_to
-from lovely_coordinator._redis.server import (
-    ThrowawayServer,
-    embedded_executable,
-    faketime_library,
-)
+from lovely_coordinator._redis.server import ThrowawayServer, embedded_executable
 from lovely_coordinator.redis import FencedLog, RedisLocker, RedisPermitPool, StaleFenceError
 
-from .redis_helpers import RECONNECTING, anyio_backend, uptime_at_least
+from .redis_helpers import RECONNECTING, anyio_backend, require_faketime, uptime_at_least
 
 __all__ = ["anyio_backend"]  # a fixture
 
@@ -42,10 +37,8 @@ TTL = 1.0
 
 
 def replica_clock(offset: float) -> float:
-    if offset and faketime_library() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("faketime is not installed (CI installs Debian's package faketime)")
-        pytest.skip("needs faketime (Debian's package faketime) to set a server's clock off")
+    if offset:
+        require_faketime()
     return offset
 
 
@@ -56,7 +49,7 @@ def primary_and_replica(clock_offset: float) -> Iterator[tuple[ThrowawayServer, 
     binary = embedded_executable() if offset else None
     with (
         ThrowawayServer(binary) as primary,
-        ThrowawayServer(binary, clock_offset=offset) as replica,
+        ThrowawayServer(binary, clock_offset=offset or None) as replica,
     ):
         replica.replicate(primary)
         yield primary, replica

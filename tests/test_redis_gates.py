@@ -336,7 +336,7 @@ async def hold_state_reads(
     read, proceed = anyio.Event(), anyio.Event()
     real = replica.gates._state
 
-    async def held() -> tuple[str, dict[ModelTuple, float]]:
+    async def held() -> tuple[str, int, dict[ModelTuple, float]]:
         state = await real()
         read.set()
         await proceed.wait()

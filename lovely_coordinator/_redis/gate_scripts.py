@@ -1,9 +1,10 @@
 """The gates' Lua scripts (the shared rules are in ``scripts.py``).
 
 KEYS: closed (zset member -> reopen time, ms on the server clock) and, for the state,
-epoch (a value the gate set gets when it is first read, so a replica can tell that the
-server lost it). Messages on the channel: ``c <remaining ms> <member>`` (closed until)
-and ``o <member>`` (opened).
+epoch (a value the gate set gets when it is first read) and the server's generation marker
+(see generation.py): together they let a replica tell that the server lost the set, or
+may have (a restart, a failover). Messages on the channel: ``c <remaining ms> <member>``
+(closed until) and ``o <member>`` (opened).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ redis.call('PUBLISH', ARGV[2], 'o ' .. ARGV[1])
 return 1
 """
 
-# -> {epoch, member, remaining ms, member, remaining ms, ...} for every closure still
-# running. The epoch is created (the server time in microseconds) when missing: a replica
-# that saw another epoch before knows the server lost the gate set since.
+# -> {epoch, server time ms, member, remaining ms, member, remaining ms, ...} for every
+# closure still running. The epoch is the gate set's (created, the server time in
+# microseconds, when missing) and the marker's generation: a replica that saw another
+# epoch before knows the server lost, or may have lost, the gate set since. The server time
+# lets a replica notice a forward step of the server clock (which ends closures early).
 GATE_STATE: Final = (
     PRELUDE
     + """
@@ -51,9 +54,11 @@ if not epoch then
   epoch = fmt(now)
   redis.call('SET', KEYS[2], epoch)
 end
+local _, _, gen = generation(KEYS[3], 0, '')
+epoch = epoch .. ':' .. gen
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 local closed = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-local out = {epoch}
+local out = {epoch, now_ms}
 for i = 1, #closed, 2 do
   out[#out + 1] = closed[i]
   out[#out + 1] = fmt(tonumber(closed[i + 1]) - now_ms)

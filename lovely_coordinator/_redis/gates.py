@@ -15,10 +15,19 @@ closes the local coordinator, and pushes the closure to Redis at the next resync
 
 A server that restarts without persistence forgets every closure, and a resync that
 found the set empty would reopen them all early. So the set carries an epoch
-(``P{gates}:epoch``, created with the set): a replica that finds another epoch than the
-one it saw before knows the server lost the set, and puts back every closure it knows,
-with the reopen time it had, before it looks at the state again. Replicas resync within a
-few seconds of a reconnect, so the closures known to any live replica are back by then.
+(``P{gates}:epoch``, created with the set, and the server's generation, see
+generation.py, which changes on a restart or a failover too): a replica that finds another
+epoch than the one it saw before knows the server lost, or may have lost, the set, and
+puts back every closure it knows, with the reopen time it had, before it looks at the
+state again. Replicas resync within a few seconds of a reconnect, so the closures known to
+any live replica are back by then.
+
+A server clock that steps forward ends closures early (reopen times are server time), so a
+resync also compares how far the server clock moved since the last one with how far the
+replica's own monotonic clock did: more than :data:`STEP_TOLERANCE` ahead, and the replica
+re-asserts the closures it knows, with the time it knows they have left, before it reads
+the state again. A closure is therefore never shortened by a clock ahead, while a replica
+that knows it is up.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from .._coordinator import AgentCoordinator
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from .._types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._validate import as_seconds
-from . import boot, cancellation, gate_scripts
+from . import boot, cancellation, gate_scripts, generation
 from .evalsha import Script
 from .keys import object_base
 from .log import describe, log
@@ -56,6 +65,7 @@ __all__ = ["RedisGates"]
 
 OP_TIMEOUT: Final = 2.0  # seconds a gate call may wait for Redis before gating alone
 RETRY_INTERVAL: Final = 1.0  # seconds between resync attempts while Redis is unreachable
+STEP_TOLERANCE: Final = 1.0  # seconds the server clock may gain on ours between resyncs
 
 # What a coordinator of another copy of the library must offer to be driven (it is then
 # not an instance of this copy's class, see _global.py).
@@ -126,6 +136,7 @@ class RedisGates:
         base = object_base(prefix, "gates")
         self._key = f"{base}:closed"
         self._epoch_key = f"{base}:epoch"
+        self._marker = generation.marker_key(client, base)
         self._channel = f"{base}:events"
         self._resync_interval = interval
         self._close_script = Script(client, gate_scripts.GATE_CLOSE)
@@ -139,6 +150,9 @@ class RedisGates:
         # Closures that could not reach Redis, pushed at the next resync.
         self._unsynced: dict[ModelTuple, float] = {}
         self._epoch: str | None = None  # of the gate set, as last read
+        # (server time ms, our time s when the request was sent) at the last read of the
+        # state: to notice a forward step of the server clock.
+        self._clock: tuple[int, float] | None = None
         # While a resync reads the state: the tuples changed meanwhile (by a message or a
         # call), whose news may be newer than the state read, so the resync leaves them be.
         self._touched: set[ModelTuple] | None = None
@@ -302,25 +316,38 @@ class RedisGates:
             if until > now:
                 await self._close_script([self._key], [_member(t), _ms(until - now), self._channel])
 
-    async def _read_state(self) -> tuple[str, dict[ModelTuple, float], set[ModelTuple]]:
-        """The state, and the tuples changed locally while it was read (see ``_touched``)."""
+    async def _read_state(self) -> tuple[str, float, dict[ModelTuple, float], set[ModelTuple]]:
+        """The state, and the tuples changed locally while it was read (see ``_touched``).
+
+        Also how many seconds the server clock gained on ours since the previous read (0
+        the first time; negative when it lost).
+        """
         touched: set[ModelTuple] = set()
         self._touched = touched
+        sent = anyio.current_time()
         try:
-            epoch, closed = await self._state()
+            epoch, server_ms, closed = await self._state()
         finally:
             self._touched = None
-        return epoch, closed, touched
+        gained = 0.0
+        if self._clock is not None:
+            # The server read its clock after the previous request was sent and before
+            # this reply arrived: at most that long passed between its two readings.
+            last_server_ms, last_sent = self._clock
+            gained = (server_ms - last_server_ms) / 1000 - (anyio.current_time() - last_sent)
+        self._clock = (server_ms, sent)
+        return epoch, gained, closed, touched
 
-    async def _state(self) -> tuple[str, dict[ModelTuple, float]]:
-        flat: list[Any] = await self._state_script([self._key, self._epoch_key], [])
+    async def _state(self) -> tuple[str, int, dict[ModelTuple, float]]:
+        keys = [self._key, self._epoch_key, self._marker]
+        flat: list[Any] = await self._state_script(keys, [])
         closed: dict[ModelTuple, float] = {}
-        for i in range(1, len(flat), 2):
+        for i in range(2, len(flat), 2):
             try:
                 closed[_tuple(text(flat[i]))] = int(text(flat[i + 1])) / 1000
             except InvalidArgumentError:
                 log.warning("ignoring a malformed gate %r in %s", flat[i], self._key)
-        return text(flat[0]), closed
+        return text(flat[0]), int(flat[1]), closed
 
     async def _resync(self) -> None:
         """Push closures that could not be shared, then make the local gates match Redis."""
@@ -330,19 +357,23 @@ class RedisGates:
         for t, until in pending.items():
             if self._unsynced.get(t) == until:
                 del self._unsynced[t]
-        epoch, closed, touched = await self._read_state()
-        if self._epoch is not None and epoch != self._epoch:
-            # The server lost the gate set since the last resync (a restart without
-            # persistence): put back what this replica knows, never shorter than it was.
+        epoch, gained, closed, touched = await self._read_state()
+        lost = self._epoch is not None and epoch != self._epoch
+        if lost or gained > STEP_TOLERANCE:
+            # The server lost the gate set since the last resync (a restart, a failover),
+            # or its clock jumped ahead and ended closures early: put back what this
+            # replica knows, never shorter than it was.
             now = anyio.current_time()
             known = {t: until for t, until in self._applied.items() if until > now}
             log.warning(
-                "the gates in Redis were lost (a server restart?); restoring the %d "
-                "closure(s) this replica knows",
+                "%s; restoring the %d closure(s) this replica knows",
+                "the gates in Redis may have been lost (a restart or a failover)"
+                if lost
+                else f"the Redis server's clock jumped {gained:.1f} s ahead",
                 len(known),
             )
             await self._push(known)
-            epoch, closed, later = await self._read_state()
+            epoch, _, closed, later = await self._read_state()
             touched |= later
         self._epoch = epoch
         # A tuple closed or opened while the state was read was told of news at least as

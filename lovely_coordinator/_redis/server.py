@@ -131,9 +131,9 @@ class ThrowawayServer:
     sync context manager: leaving it kills the process and removes the directory.
     """
 
-    def __init__(self, executable: str | None = None, *, clock_offset: float = 0.0) -> None:
+    def __init__(self, executable: str | None = None, *, clock_offset: float | None = None) -> None:
         self.executable = executable or find_server_executable()
-        # Seconds the server's clock is off (applies from the next start): faketime.
+        # Seconds the server's clock is off, under faketime (None: not run under it).
         self.clock_offset = clock_offset
         self.port = _free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="lovely-redis-")
@@ -194,17 +194,30 @@ class ThrowawayServer:
             self.declare_fresh()
 
     def _environment(self) -> dict[str, str] | None:
-        if not self.clock_offset:
+        if self.clock_offset is None:
             return None
         library = faketime_library()
         if library is None:
             raise RuntimeError("clock_offset needs libfaketime (Debian's package faketime)")
+        self.set_clock_offset(self.clock_offset)
         return dict(
             os.environ,
             LD_PRELOAD=library,
-            FAKETIME=f"{self.clock_offset:+.3f}",
+            FAKETIME_TIMESTAMP_FILE=self._clock_file,
+            FAKETIME_NO_CACHE="1",  # the file is read at every clock reading: steps work
             FAKETIME_DONT_FAKE_MONOTONIC="1",  # only the wall clock is off
         )
+
+    @property
+    def _clock_file(self) -> str:
+        return os.path.join(self._dir.name, "faketime")
+
+    def set_clock_offset(self, seconds: float) -> None:
+        """Set the wall clock of a server started with a ``clock_offset`` (a step, at once)."""
+        assert self.clock_offset is not None, "the server runs on the real clock"
+        self.clock_offset = seconds
+        with open(self._clock_file, "w") as file:
+            file.write(f"{seconds:+.3f}\n")
 
     def command(self, *args: str) -> bytes:
         """Send one command (on a fresh connection) and return its simple or bulk reply."""
