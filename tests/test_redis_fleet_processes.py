@@ -73,7 +73,7 @@ async def test_budget_and_limit_are_shared_by_processes(
     with serve(provider) as url, anyio.fail_after(60):
         async with parent(redis_server) as (_, fleet):
             t = ModelTuple("openai", "shared")
-            # A little under the provider's quota, as the README advises: the fleet counts on the
+            # A little under the provider's quota: the fleet counts on the
             # server's clock and the provider on its own, so a bucket set at exactly the quota can
             # admit a call a few milliseconds before the provider has refilled it.
             await fleet.set_budget(t, requests_per_minute=54, tokens_per_minute=27_000)
