@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import sys
 import threading
@@ -41,7 +42,9 @@ _log = logging.getLogger("lovely_coordinator")
 _sniffio_thread: Any
 try:
     # trio sets ``thread_local.name = "trio"`` while it runs a task (sniffio's protocol).
-    from sniffio import thread_local as _sniffio_thread
+    # Imported by name: sniffio is trio's dependency, not ours (nor anyio's since 4.12), so
+    # the library type-checks without it.
+    _sniffio_thread = importlib.import_module("sniffio").thread_local
 except ModuleNotFoundError:  # pragma: no cover - trio requires sniffio, so: asyncio only
     _sniffio_thread = threading.local()
 
