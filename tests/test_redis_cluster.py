@@ -1,8 +1,8 @@
 """Every Redis primitive on a real 3-node Redis Cluster (redis.asyncio.RedisCluster).
 
-The cluster is started by the tests themselves (``cluster_server.py``): three primaries of
-the same server binary as the other Redis tests, each serving a third of the slots. Objects
-are picked so that their keys live on different nodes.
+The cluster is started by the tests themselves (``lovely_coordinator_dev.testing
+.redis_cluster``): three primaries of the same server binary as the other Redis tests, each
+serving a third of the slots. Objects are picked so that their keys live on different nodes.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+from lovely_coordinator_dev.testing.redis_cluster import ThrowawayCluster
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from redis.crc import key_slot
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
 from lovely_coordinator._redis import generation
 from lovely_coordinator._redis.cluster import slot_marker
-from lovely_coordinator._redis.cluster_server import ThrowawayCluster
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY, object_base
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import (
     FencedLog,
     RedisFleet,

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
-from .._errors import UnsupportedServerError
+from .._base.errors import UnsupportedServerError
 from .cluster import Client
 from .keys import FRESH_BOOT_KEY
 from .log import log

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 import anyio
 from redis.exceptions import RedisError
 
-from .._types import ModelTuple
+from .._base.types import ModelTuple
 from . import boot, cancellation, fleet_scripts, generation
 from .cluster import Client
 from .evalsha import Script

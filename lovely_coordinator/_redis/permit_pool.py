@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, final
 
-from .._validate import as_index
+from .._base.validate import as_index
 from . import boot, generation, pool_scripts
 from .cluster import Client
 from .confirm import Confirmation

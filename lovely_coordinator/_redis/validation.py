@@ -11,8 +11,8 @@ import asyncio
 import sys
 from typing import Any, Final
 
-from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
-from .._validate import as_index, as_seconds
+from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
+from .._base.validate import as_index, as_seconds
 from .cluster import CLIENT_TYPES, Client, encoder
 
 __all__ = [
