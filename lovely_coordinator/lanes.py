@@ -26,20 +26,20 @@ Whatever an activation or ``on_exit`` raises is contained: reported as
 ``KeyboardInterrupt`` and ``SystemExit`` propagate, after being reported).
 """
 
-from ._errors import LaneQueueFull as LaneQueueFull
-from ._errors import LanesClosed as LanesClosed
-from ._errors import LanesConfigInvalid as LanesConfigInvalid
-from ._lanes import Lanes as Lanes
-from ._lanes import create_lanes as create_lanes
-from ._lanes_state import LaneSnapshot as LaneSnapshot
-from ._lanes_state import LanesStatus as LanesStatus
-from ._lanes_types import Activation as Activation
-from ._lanes_types import ActivationFailed as ActivationFailed
-from ._lanes_types import ActivationInterrupted as ActivationInterrupted
-from ._lanes_types import ActivationSucceeded as ActivationSucceeded
-from ._lanes_types import Exit as Exit
-from ._lanes_types import LanesConfig as LanesConfig
-from ._lanes_types import current_activation as current_activation
+from ._base.errors import LaneQueueFull as LaneQueueFull
+from ._base.errors import LanesClosed as LanesClosed
+from ._base.errors import LanesConfigInvalid as LanesConfigInvalid
+from ._lanes.runner import Lanes as Lanes
+from ._lanes.runner import create_lanes as create_lanes
+from ._lanes.state import LaneSnapshot as LaneSnapshot
+from ._lanes.state import LanesStatus as LanesStatus
+from ._lanes.types import Activation as Activation
+from ._lanes.types import ActivationFailed as ActivationFailed
+from ._lanes.types import ActivationInterrupted as ActivationInterrupted
+from ._lanes.types import ActivationSucceeded as ActivationSucceeded
+from ._lanes.types import Exit as Exit
+from ._lanes.types import LanesConfig as LanesConfig
+from ._lanes.types import current_activation as current_activation
 
 __all__ = [
     "Activation",

@@ -43,8 +43,8 @@ ever share a key, whatever characters their prefixes and ids contain. The script
 must allow ``INFO`` to the client's user.
 """
 
-from ._errors import StaleFenceError as StaleFenceError
-from ._errors import UnsupportedServerError as UnsupportedServerError
+from ._base.errors import StaleFenceError as StaleFenceError
+from ._base.errors import UnsupportedServerError as UnsupportedServerError
 from ._redis.fenced_log import FencedLog as FencedLog
 from ._redis.fleet import RedisFleet as RedisFleet
 from ._redis.fleet_state import FleetStatistics as FleetStatistics

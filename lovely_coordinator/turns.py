@@ -24,21 +24,21 @@ turn waiting for a later turn of its own conversation) raises
 :class:`~lovely_coordinator.UsageError`.
 """
 
-from ._errors import ConversationBusyError as ConversationBusyError
-from ._errors import CoordinationUnavailableError as CoordinationUnavailableError
-from ._errors import DrainingError as DrainingError
-from ._errors import LeaseLostError as LeaseLostError
-from ._errors import QueueFullError as QueueFullError
-from ._errors import TurnDropped as TurnDropped
-from ._errors import TurnInterrupted as TurnInterrupted
-from ._turns import TurnRegistry as TurnRegistry
-from ._turns_job import Job as Job
-from ._turns_state import Multitask as Multitask
-from ._turns_state import TurnStatistics as TurnStatistics
-from ._turns_types import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
-from ._turns_types import Lease as Lease
-from ._turns_types import LeaseSignal as LeaseSignal
-from ._turns_types import Locker as Locker
+from ._base.errors import ConversationBusyError as ConversationBusyError
+from ._base.errors import CoordinationUnavailableError as CoordinationUnavailableError
+from ._base.errors import DrainingError as DrainingError
+from ._base.errors import LeaseLostError as LeaseLostError
+from ._base.errors import QueueFullError as QueueFullError
+from ._base.errors import TurnDropped as TurnDropped
+from ._base.errors import TurnInterrupted as TurnInterrupted
+from ._turns.job import Job as Job
+from ._turns.queues import TurnRegistry as TurnRegistry
+from ._turns.state import Multitask as Multitask
+from ._turns.state import TurnStatistics as TurnStatistics
+from ._turns.types import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
+from ._turns.types import Lease as Lease
+from ._turns.types import LeaseSignal as LeaseSignal
+from ._turns.types import Locker as Locker
 
 __all__ = [
     "ConversationBusyError",

@@ -2,7 +2,7 @@
 
 import sys
 
-from lovely_coordinator._bench import main
+from lovely_coordinator_dev.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])

@@ -4,7 +4,7 @@ A run starts two throwaway servers: the *lock* server, which holds leases, permi
 gates and is killed and restarted without persistence, and the *store*, which holds the
 fenced counter log and stays up (the store that receives the writes). It starts replica
 processes (``redis_chaos_replica.py``), each talking to the lock server through its own
-fault proxy (``lovely_coordinator._redis.faults``), asks one of them to close a gate for
+fault proxy (``lovely_coordinator_dev.testing.faults``), asks one of them to close a gate for
 longer than the run, and injects faults one after another, at seeded random times:
 
 =================  =========================================================================
@@ -54,10 +54,10 @@ from typing import IO, Any
 
 import anyio
 import redis.asyncio
+from lovely_coordinator_dev.testing.child import Child
+from lovely_coordinator_dev.testing.faults import FaultProxy
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
-from lovely_coordinator._redis.child import Child
-from lovely_coordinator._redis.faults import FaultProxy
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog
 
 __all__ = [

@@ -9,10 +9,10 @@ from typing import Any
 import anyio
 import pytest
 import redis.exceptions
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer, faketime_library
 
 from lovely_coordinator._redis.generation import MARKER_KEY
 from lovely_coordinator._redis.keys import object_base
-from lovely_coordinator._redis.server import ThrowawayServer, faketime_library
 
 # Options of a client that retries a command once its pooled connection died with the server
 # (Redis.from_url() clients do not retry at all by default in redis-py 8).

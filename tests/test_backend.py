@@ -10,7 +10,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from lovely_coordinator._backend import (
+from lovely_coordinator._base.backend import (
     NoEventLoop,
     Timer,
     call_at,

@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import ModelTuple, create_agent_coordinator
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisFleet
 
 from .redis_helpers import anyio_backend

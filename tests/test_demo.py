@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from lovely_coordinator_dev.demo.simulated import (
+    CLAUDE,
+    FLEET,
+    MAX_CONCURRENCY,
+    Report,
+    main,
+    simulate,
+)
 from trio.testing import MockClock
-
-from lovely_coordinator._demo import CLAUDE, FLEET, MAX_CONCURRENCY, Report, main, simulate
 
 # Deterministic time on trio; a short real-time run on asyncio.
 BACKENDS = [

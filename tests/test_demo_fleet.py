@@ -7,9 +7,8 @@ from typing import Any
 
 import anyio
 import pytest
-
-from lovely_coordinator._demo_fleet import MODEL, _report, member
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator_dev.demo.fleet import MODEL, _report, member
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from .redis_helpers import anyio_backend
 

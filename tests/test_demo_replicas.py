@@ -6,9 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
-
-from lovely_coordinator._demo import main as demo
-from lovely_coordinator._demo_replicas import (
+from lovely_coordinator_dev.demo.replicas import (
     CLAUDE,
     GPT,
     RETRY_AFTER,
@@ -17,7 +15,8 @@ from lovely_coordinator._demo_replicas import (
     main,
     replica,
 )
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator_dev.demo.simulated import main as demo
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from .redis_helpers import anyio_backend
 

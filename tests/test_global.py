@@ -28,8 +28,14 @@ from lovely_coordinator import (
     get_agent_coordinator,
     get_bash_coordinator,
 )
-from lovely_coordinator._errors import InvalidArgumentTypeError
-from lovely_coordinator._global import _ATTRIBUTES, _METHODS, AGENT_KEY, BASH_KEY, _warned
+from lovely_coordinator._agents.process_global import (
+    _ATTRIBUTES,
+    _METHODS,
+    AGENT_KEY,
+    BASH_KEY,
+    _warned,
+)
+from lovely_coordinator._base.errors import InvalidArgumentTypeError
 
 AGENT_MESSAGE = r"^Incompatible process-global Lovely Agents coordinator$"
 BASH_MESSAGE = r"^Incompatible process-global Lovely Bash coordinator$"

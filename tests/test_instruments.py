@@ -32,9 +32,9 @@ from lovely_coordinator import (
     TupleSuspendedError,
     create_agent_coordinator,
 )
-from lovely_coordinator._instruments import Dispatch
-from lovely_coordinator._lines import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, Ticket
-from lovely_coordinator._scheduler import Scheduler
+from lovely_coordinator._agents.instruments import Dispatch
+from lovely_coordinator._agents.lines import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, Ticket
+from lovely_coordinator._agents.scheduler import Scheduler
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")

@@ -18,8 +18,8 @@ from trio.testing import MockClock
 
 import lovely_coordinator.lanes as lanes_module
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._errors import UsageError
-from lovely_coordinator._lanes import _Run
+from lovely_coordinator._base.errors import UsageError
+from lovely_coordinator._lanes.runner import _Run
 from lovely_coordinator.lanes import (
     ActivationFailed,
     ActivationInterrupted,

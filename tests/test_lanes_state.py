@@ -17,7 +17,7 @@ from hypothesis.stateful import (
 )
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError
-from lovely_coordinator._lanes_state import (
+from lovely_coordinator._lanes.state import (
     ActivationRecord,
     LaneSnapshot,
     LanesState,

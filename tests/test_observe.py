@@ -24,10 +24,10 @@ from lovely_coordinator import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ModelTuple,
-    _observe,
-    _statserver,
     create_agent_coordinator,
 )
+from lovely_coordinator._agents import observe as _observe
+from lovely_coordinator._base import json_endpoint as _statserver
 
 A = ModelTuple("openai", "gpt-4o")
 B = ModelTuple("anthropic", "claude-sonnet-4")

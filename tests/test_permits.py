@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from lovely_coordinator import AgentPermit, current_permit
-from lovely_coordinator._permits import _current, _enter, find_permit
-from lovely_coordinator._permits import restore as _exit
+from lovely_coordinator._agents.permits import _current, _enter, find_permit
+from lovely_coordinator._agents.permits import restore as _exit
 
 
 class _Fake:

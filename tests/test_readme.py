@@ -11,8 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)

@@ -19,7 +19,9 @@ def test_all_is_sorted_and_complete() -> None:
     for name in public.__all__:
         # Every public exception lives in the one error module.
         module = (
-            "lovely_coordinator._errors" if name.endswith("Error") else "lovely_coordinator._redis."
+            "lovely_coordinator._base.errors"
+            if name.endswith("Error")
+            else "lovely_coordinator._redis."
         )
         assert getattr(public, name).__module__.startswith(module)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
-from lovely_coordinator._errors import UnsupportedServerError
+from lovely_coordinator._base.errors import UnsupportedServerError
 from lovely_coordinator._redis import boot
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
-from lovely_coordinator._redis.server import ThrowawayServer
 
 from .redis_helpers import anyio_backend, own_server, run_id
 

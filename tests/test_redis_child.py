@@ -6,8 +6,7 @@ import signal
 
 import anyio
 import pytest
-
-from lovely_coordinator._redis.child import Child, running
+from lovely_coordinator_dev.testing.child import Child, running
 
 from .redis_helpers import anyio_backend
 

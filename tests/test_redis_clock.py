@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer, embedded_executable
 
 from lovely_coordinator import ModelTuple, create_agent_coordinator
 from lovely_coordinator._redis import scripts
-from lovely_coordinator._redis.server import ThrowawayServer, embedded_executable
 from lovely_coordinator.redis import RedisGates
 
 from .redis_helpers import anyio_backend, lock_keys, require_faketime

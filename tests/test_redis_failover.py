@@ -22,9 +22,9 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.faults import FaultProxy, proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer, embedded_executable
 
-from lovely_coordinator._redis.faults import FaultProxy, proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer, embedded_executable
 from lovely_coordinator.redis import FencedLog, RedisLocker, RedisPermitPool, StaleFenceError
 
 from .redis_helpers import RECONNECTING, anyio_backend, require_faketime, uptime_at_least

@@ -8,11 +8,10 @@ from typing import Any
 import anyio
 import pytest
 import redis.exceptions
+from lovely_coordinator_dev.testing.faults import proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-
-from lovely_coordinator._redis.faults import proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer
 
 from .redis_helpers import anyio_backend
 

@@ -8,11 +8,11 @@ from typing import Any
 import anyio
 import pytest
 import redis.exceptions
+from lovely_coordinator_dev.testing.faults import proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
 from lovely_coordinator._redis import scripts
-from lovely_coordinator._redis.faults import proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FencedLog, StaleFenceError
 
 from .redis_helpers import anyio_backend

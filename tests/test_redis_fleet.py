@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import (
     AgentCoordinator,
@@ -19,7 +20,6 @@ from lovely_coordinator import (
     UsageError,
     create_agent_coordinator,
 )
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import FleetStatistics, RedisFleet
 
 from .redis_helpers import anyio_backend
@@ -277,7 +277,7 @@ async def test_the_endpoint_and_top_show_the_fleet(
     import httpx
     from rich.console import Console
 
-    from lovely_coordinator._top import render
+    from lovely_coordinator._cli.top import render
 
     with anyio.fail_after(10):
         async with members(redis_server, redis_connect, 1) as [(coordinator, fleet)]:

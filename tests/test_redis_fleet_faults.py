@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import ModelTuple, TupleSuspendedError, create_agent_coordinator
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisFleet
 
 from .redis_helpers import RECONNECTING, anyio_backend, own_server

@@ -11,11 +11,11 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.child import Child, running
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from lovely_coordinator_limits.testing import FakeProvider, Quota, serve
 
 from lovely_coordinator import ModelTuple, create_agent_coordinator
-from lovely_coordinator._redis.child import Child, running
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisFleet
 
 from .redis_helpers import anyio_backend

@@ -12,6 +12,8 @@ import pytest
 import redis
 import redis.asyncio
 import redis.exceptions
+from lovely_coordinator_dev.testing.faults import proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -22,9 +24,7 @@ from lovely_coordinator import (
     ModelTuple,
     create_agent_coordinator,
 )
-from lovely_coordinator._errors import UsageError
-from lovely_coordinator._redis.faults import proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer
+from lovely_coordinator._base.errors import UsageError
 from lovely_coordinator.redis import RedisGates
 
 from .redis_helpers import RECONNECTING, anyio_backend

@@ -14,13 +14,13 @@ import anyio
 import pytest
 import redis
 import redis.asyncio
+from lovely_coordinator_dev.testing.child import Child, running
+from lovely_coordinator_dev.testing.faults import proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._errors import UsageError
+from lovely_coordinator._base.errors import UsageError
 from lovely_coordinator._redis import scripts
-from lovely_coordinator._redis.child import Child, running
-from lovely_coordinator._redis.faults import proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import (
     FencedLog,
     RedisLease,

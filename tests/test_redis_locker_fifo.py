@@ -7,9 +7,9 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator._redis import scripts
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisLease, RedisLocker
 
 from .redis_helpers import anyio_backend, lock_keys, run_id

@@ -11,11 +11,11 @@ from typing import Any
 
 import anyio
 import pytest
+from lovely_coordinator_dev.testing.child import running
+from lovely_coordinator_dev.testing.faults import proxy_to
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._redis.child import running
-from lovely_coordinator._redis.faults import proxy_to
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisPermit, RedisPermitPool
 
 from .redis_helpers import RECONNECTING, anyio_backend, own_server, pool_key

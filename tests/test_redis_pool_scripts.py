@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator._redis import pool_scripts, scripts
-from lovely_coordinator._redis.server import ThrowawayServer
 
 from .redis_helpers import anyio_backend, pool_key, pool_keys, run_id
 

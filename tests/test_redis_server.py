@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-
-from lovely_coordinator._redis.server import ThrowawayServer, find_server_executable
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer, find_server_executable
 
 
 def ping(port: int, timeout: float) -> bool:
@@ -58,8 +57,9 @@ def test_a_bad_binary_fails_loudly() -> None:
 
 
 def test_only_the_first_start_is_declared_fresh_and_a_flush_declares_again() -> None:
+    from lovely_coordinator_dev.testing.redis_server import _command
+
     from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
-    from lovely_coordinator._redis.server import _command
 
     def run_id(port: int) -> bytes:
         info = _command(port, "INFO", "server").decode()

@@ -11,7 +11,7 @@ import redis
 import redis.asyncio
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._errors import UsageError
+from lovely_coordinator._base.errors import UsageError
 from lovely_coordinator._redis.validation import (
     check_client,
     check_fence,

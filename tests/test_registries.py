@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lovely_coordinator import InvalidArgumentError, ParentNotification, SessionContext
-from lovely_coordinator._errors import InvalidArgumentTypeError
-from lovely_coordinator._registries import CoordinatorRegistries
+from lovely_coordinator._agents.registries import CoordinatorRegistries
+from lovely_coordinator._base.errors import InvalidArgumentTypeError
 
 KEY_MESSAGE = r"^Coordinator registry keys must be nonempty$"
 

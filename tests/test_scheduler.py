@@ -22,10 +22,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError, _engine
-from lovely_coordinator import _scheduler_checks as _checks
-from lovely_coordinator._bucket import Bucket
-from lovely_coordinator._lines import (
+from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError
+from lovely_coordinator._agents import engine as _engine
+from lovely_coordinator._agents import scheduler_checks as _checks
+from lovely_coordinator._agents.bucket import Bucket
+from lovely_coordinator._agents.lines import (
     DONE,
     GRANTED,
     INACTIVE,
@@ -35,9 +36,9 @@ from lovely_coordinator._lines import (
     RequestTicket,
     Ticket,
 )
-from lovely_coordinator._scheduler import SUSPENDED_MESSAGE, Scheduler
-from lovely_coordinator._scheduler_checks import peek_wakeup
-from lovely_coordinator._statistics import tuple_snapshot
+from lovely_coordinator._agents.scheduler import SUSPENDED_MESSAGE, Scheduler
+from lovely_coordinator._agents.scheduler_checks import peek_wakeup
+from lovely_coordinator._agents.statistics import tuple_snapshot
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")

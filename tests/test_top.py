@@ -24,12 +24,13 @@ import anyio.from_thread
 import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
+from lovely_coordinator_dev.demo.simulated import demo_top
 from rich.console import Console
 
-from lovely_coordinator import AgentCoordinator, ModelTuple, _top, create_agent_coordinator
-from lovely_coordinator._demo import demo_top
-from lovely_coordinator._statserver import serve_document
-from lovely_coordinator._top import _snapshot, main, render, seconds, watch
+from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
+from lovely_coordinator._base.json_endpoint import serve_document
+from lovely_coordinator._cli import top as _top
+from lovely_coordinator._cli.top import _snapshot, main, render, seconds, watch
 
 A = ModelTuple("openai", "gpt-4o")
 B = ModelTuple("anthropic", "claude-sonnet-4")

@@ -19,11 +19,11 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from trio.testing import MockClock
 
-import lovely_coordinator._turns_types as turns_types
+import lovely_coordinator._turns.types as turns_types
 import lovely_coordinator.turns as turns_module
 from lovely_coordinator import CoordinatorError, InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._errors import UsageError
-from lovely_coordinator._turns_types import RELEASE_TIMEOUT
+from lovely_coordinator._base.errors import UsageError
+from lovely_coordinator._turns.types import RELEASE_TIMEOUT
 from lovely_coordinator.turns import (
     DEFAULT_MAX_QUEUED,
     ConversationBusyError,

@@ -1,6 +1,6 @@
 """Job (CONTRACT §3, §5b): the value, and how a turn's outcome is decided, on asyncio and trio.
 
-The rules live in ``_turns_job``; they are exercised through a real :class:`TurnRegistry`,
+The rules live in ``_turns/job.py``; they are exercised through a real :class:`TurnRegistry`,
 since only a registry takes a job's turn.
 """
 
@@ -15,7 +15,6 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from lovely_coordinator import InvalidArgumentTypeError
-from lovely_coordinator._turns_job import failures_of, is_fatal
 from lovely_coordinator.turns import DrainingError, Job, TurnInterrupted, TurnRegistry
 
 pytestmark = pytest.mark.anyio
@@ -330,23 +329,3 @@ async def test_system_exit_and_keyboard_interrupt_are_recorded_then_end_the_regi
 
 
 # -- the helpers the rules are made of -----------------------------------------------------
-
-
-async def test_failures_of_strips_cancellations() -> None:
-    stray = await a_stray_cancellation()
-    error = ValueError("x")
-    assert failures_of(error) is error
-    assert failures_of(stray) is None
-    assert failures_of(BaseExceptionGroup("only", [stray])) is None
-    mixed = failures_of(BaseExceptionGroup("mixed", [stray, error]))
-    assert isinstance(mixed, ExceptionGroup)
-    assert mixed.exceptions == (error,)
-
-
-def test_only_keyboard_interrupt_and_system_exit_are_fatal() -> None:
-    assert is_fatal(KeyboardInterrupt())
-    assert is_fatal(SystemExit(0))
-    assert is_fatal(BaseExceptionGroup("g", [ValueError(), SystemExit(1)]))
-    assert not is_fatal(Abort())
-    assert not is_fatal(GeneratorExit())
-    assert not is_fatal(BaseExceptionGroup("g", [ValueError(), Abort()]))

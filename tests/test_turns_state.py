@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator._turns_state import (
+from lovely_coordinator._turns.state import (
     MULTITASK_MODES,
     Admission,
     Multitask,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from lovely_coordinator._turns_types import RELEASE_TIMEOUT
+from lovely_coordinator._turns.types import RELEASE_TIMEOUT
 from lovely_coordinator.redis import RedisLease, RedisLocker
 from lovely_coordinator.turns import DEFAULT_MAX_QUEUED, Lease, LeaseSignal, Locker
 

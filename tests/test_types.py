@@ -17,8 +17,8 @@ from lovely_coordinator import (
     SessionContext,
     TupleStatistics,
 )
-from lovely_coordinator._errors import InvalidArgumentTypeError
-from lovely_coordinator._types import as_model_tuple
+from lovely_coordinator._base.errors import InvalidArgumentTypeError
+from lovely_coordinator._base.types import as_model_tuple
 
 TUPLE_MESSAGE = r"^Model tuple provider and model must be nonempty and contain no NUL bytes$"
 DEPTH_MESSAGE = r"^Managed session depth must be a nonnegative integer$"

@@ -15,7 +15,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from lovely_coordinator import CoordinatorStatistics
-from lovely_coordinator._updates import UpdateHub, bind_to_snapshot
+from lovely_coordinator._agents.updates import UpdateHub, bind_to_snapshot
 
 
 class State:

@@ -10,7 +10,7 @@ import pytest
 import trio.testing
 from anyio import wait_all_tasks_blocked
 
-from lovely_coordinator._waiter import Parker
+from lovely_coordinator._base.waiter import Parker
 
 pytestmark = pytest.mark.anyio
 # asyncio-only behaviour (native task.cancel()); the module is marked for anyio.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from lovely_coordinator import ModelTuple
-from lovely_coordinator._lines import GRANTED, QUEUED
-from lovely_coordinator._scheduler import Scheduler
-from lovely_coordinator._waiters import PER_TUPLE, WaiterStatistics, waiters
+from lovely_coordinator._agents.lines import GRANTED, QUEUED
+from lovely_coordinator._agents.scheduler import Scheduler
+from lovely_coordinator._agents.waiting import PER_TUPLE, WaiterStatistics, waiters
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")

@@ -28,7 +28,7 @@ from typing import Any, Final
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .._errors import UnsupportedServerError
+from .._base.errors import UnsupportedServerError
 from .keys import FRESH_BOOT_KEY
 from .log import log
 from .subscriber import text

@@ -33,7 +33,7 @@ from typing import Any, Final, final
 import redis.asyncio
 from redis.exceptions import NoScriptError, ResponseError
 
-from .._errors import InvalidArgumentTypeError, StaleFenceError
+from .._base.errors import InvalidArgumentTypeError, StaleFenceError
 from . import boot, scripts
 from .evalsha import Script
 from .keys import object_base

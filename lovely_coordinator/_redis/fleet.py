@@ -3,7 +3,7 @@
 :class:`RedisFleet` is a thin async shell: the decisions are the scripts'
 (``fleet_scripts.py``, one atomic step on the server per attempt), the member's life is
 ``fleet_member.py``, the local fallback is ``fleet_state.Share``, and the composition with
-the local coordinator is the admission hook (``lovely_coordinator._admission``, whose
+the local coordinator is the admission hook (``lovely_coordinator._agents.admission``, whose
 docstring says how a request waiting on the fleet holds no local slot and keeps its order).
 
 Waiting: an attempt refused by the fleet subscribes for wake-ups on the tuple and re-tries
@@ -30,16 +30,16 @@ from typing import Any, Final, Literal, Self, final
 
 import anyio
 
-from .. import _admission
-from .._controls import _budget
-from .._coordinator import AgentCoordinator
-from .._errors import (
+from .._agents import admission as _admission
+from .._agents.controls import _budget
+from .._agents.coordinator import AgentCoordinator
+from .._base.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     UsageError,
 )
-from .._types import ModelTuple, ModelTupleLike, as_model_tuple
-from .._validate import as_index
+from .._base.types import ModelTuple, ModelTupleLike, as_model_tuple
+from .._base.validate import as_index
 from .fleet_admit import AdmissionListener, FleetAdmission, Unit
 from .fleet_member import UNAVAILABLE_ERRORS, Member
 from .fleet_state import FleetStatistics, fleet_document
@@ -247,7 +247,7 @@ class RedisFleet(FleetAdmission):
             self._member.unavailable(exc)
             return self._member.statistics_offline()
 
-    # -- the admission hook (see _admission.py) --------------------------------------------------
+    # -- the admission hook (see _agents/admission.py) -------------------------------------
 
     def governs(self, t: ModelTuple) -> bool:
         return self._member.known.governs(t)

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from .._errors import AdmissionTimeoutError, TupleSuspendedError, UsageError
-from .._settings import SUSPENDED_MESSAGE
-from .._types import ModelTuple
+from .._agents.settings import SUSPENDED_MESSAGE
+from .._base.errors import AdmissionTimeoutError, TupleSuspendedError, UsageError
+from .._base.types import ModelTuple
 from . import boot, cancellation, fleet_scripts, scripts
 from .fleet_member import UNAVAILABLE_ERRORS, Member
 from .fleet_state import Setting, tag_of
@@ -38,7 +38,7 @@ from .renewal import best_effort, local_deadline
 from .subscriber import Watch, text
 
 if TYPE_CHECKING:
-    from .._coordinator import AgentCoordinator
+    from .._agents.coordinator import AgentCoordinator
 
 __all__ = ["AdmissionListener", "FleetAdmission", "Offline", "Unit"]
 

@@ -26,7 +26,7 @@ import anyio
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from .._types import ModelTuple
+from .._base.types import ModelTuple
 from . import boot, cancellation, fleet_scripts, generation
 from .evalsha import Script
 from .fleet_state import (

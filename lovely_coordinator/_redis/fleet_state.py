@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from .._types import ModelTuple
+from .._base.types import ModelTuple
 from .keys import escape, unescape
 
 __all__ = [

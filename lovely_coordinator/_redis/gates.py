@@ -42,10 +42,10 @@ import anyio
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from .._coordinator import AgentCoordinator
-from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
-from .._types import ModelTuple, ModelTupleLike, as_model_tuple
-from .._validate import as_seconds
+from .._agents.coordinator import AgentCoordinator
+from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
+from .._base.types import ModelTuple, ModelTupleLike, as_model_tuple
+from .._base.validate import as_seconds
 from . import boot, cancellation, gate_scripts, generation
 from .evalsha import Script
 from .keys import object_base
@@ -68,7 +68,7 @@ RETRY_INTERVAL: Final = 1.0  # seconds between resync attempts while Redis is un
 STEP_TOLERANCE: Final = 1.0  # seconds the server clock may gain on ours between resyncs
 
 # What a coordinator of another copy of the library must offer to be driven (it is then
-# not an instance of this copy's class, see _global.py).
+# not an instance of this copy's class, see _agents/process_global.py).
 _GATE_METHODS: Final = ("close_tuple", "open_tuple", "is_tuple_open", "tuple_reopens_at")
 
 

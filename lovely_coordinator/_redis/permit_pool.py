@@ -35,7 +35,7 @@ from typing import Any, Final, final
 
 import redis.asyncio
 
-from .._validate import as_index
+from .._base.validate import as_index
 from . import boot, generation, pool_scripts
 from .confirm import Confirmation
 from .evalsha import Script

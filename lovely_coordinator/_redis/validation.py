@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import redis.asyncio
 
-from .._errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
-from .._validate import as_index, as_seconds
+from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
+from .._base.validate import as_index, as_seconds
 
 __all__ = [
     "MAX_SECONDS",

@@ -18,7 +18,7 @@ from lovely_coordinator import (
     InvalidArgumentTypeError,
     ModelTuple,
 )
-from lovely_coordinator._admission import attached
+from lovely_coordinator._agents.admission import attached
 
 from ._backoff import Backoff
 from ._breaker import Breaker, Close

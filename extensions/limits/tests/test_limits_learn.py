@@ -3,7 +3,7 @@
 The convergence tests simulate, on a virtual clock, a provider bucket (a ten-second window
 of its announced per-minute limit, as providers enforce) that several processes draw from.
 Each holds the budget its learner asks for in the coordinator's own bucket arithmetic
-(``lovely_coordinator._bucket``: a new rate keeps what was spent; what remains only ever
+(``lovely_coordinator._agents.bucket``: a new rate keeps what was spent; what remains only ever
 lowers what is available), as ``coordinator.learn_budget`` applies it. The provider admits
 each tick's requests in random order, as concurrent requests arrive, and answers after a
 jittered latency with its remaining amount at admission.
@@ -18,7 +18,7 @@ import pytest
 from lovely_coordinator_limits import Limit, RateLimits
 from lovely_coordinator_limits._learn import GAIN, NUDGE, RESERVE, BudgetLearner, Learned, Marks
 
-from lovely_coordinator._bucket import Bucket
+from lovely_coordinator._agents.bucket import Bucket
 
 
 def test_nothing_reported_nothing_learned() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from lovely_coordinator_opentelemetry import FLEET, MODEL, OUTCOME, PROVIDER, instrument_fleet
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
@@ -19,7 +20,6 @@ from lovely_coordinator import (
     TupleSuspendedError,
     create_agent_coordinator,
 )
-from lovely_coordinator._redis.server import ThrowawayServer
 from lovely_coordinator.redis import RedisFleet
 
 GPT = ModelTuple("openai", "gpt-4o")

@@ -1,0 +1,1 @@
+"""``python -m lovely_coordinator demo``: the simulated fleet, and its run across processes."""

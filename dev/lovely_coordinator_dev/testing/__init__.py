@@ -1,0 +1,1 @@
+"""Servers and processes the tests and benchmarks start themselves (never mocks)."""

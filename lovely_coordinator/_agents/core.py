@@ -1,0 +1,213 @@
+"""The coordinator's machinery under its public API: the lock, the change point, the clock.
+
+:class:`CoordinatorCore` is what permits, reservations and model requests talk to (the
+methods below, each of which holds the lock and calls the scheduler), and what keeps the
+world around the scheduler in step with it: the one change hook that notifies listeners
+and keeps the one timer at the next wake-up, and the home loop that timed events run on.
+The public methods live on ``AgentCoordinator``, which derives from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Coroutine
+from typing import Any, Final
+
+import anyio.lowlevel
+
+from .._base.config import CoordinatorConfig
+from .._base.errors import PermitReleasedError
+from .._base.types import CoordinatorStatistics, ModelTuple
+from .._base.waiter import Parker
+from .lines import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
+from .scheduler import Scheduler
+from .statistics import snapshot
+from .timers import LoopClock, WakeupTimer
+from .updates import UpdateHub
+
+__all__ = ["RELEASED_MESSAGE", "CoordinatorCore"]
+
+RELEASED_MESSAGE: Final = "Agent permit released while waiting to reacquire"
+
+
+class CoordinatorCore:
+    """The lock, scheduler, clock, timer and hub of one coordinator (see the module)."""
+
+    resident_count: int  # from the registries, beside it in AgentCoordinator
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self._config = config
+        self._lock = threading.RLock()
+        self._clock = LoopClock()
+        self._hub = UpdateHub(self._statistics, self._lock, self._update_hook)
+        self._scheduler = Scheduler(
+            config.max_concurrency,
+            dict(config.tuple_limits),
+            fresh_reacquire=config.reacquire == "fresh",
+            max_queued=config.max_queued,
+            clock=self._clock.now,
+        )
+        self._timer = WakeupTimer(self._clock, self._advance, self._lock, self._adopt)
+        self._scheduler.on_change = self._on_change
+
+    # -- the change point ----------------------------------------------------------------------
+
+    def _on_change(self) -> None:
+        # The scheduler's one change hook (under the lock): tell listeners, and keep the
+        # one timer at the scheduler's next wake-up.
+        if self._hub.listening:
+            self._hub.notify()
+        scheduler = self._scheduler
+        if scheduler._wakeups or self._timer.armed_at is not None:
+            self._timer.rearm(scheduler.next_wakeup())
+        self._update_hook()
+
+    def _update_hook(self) -> None:
+        # The scheduler calls the hook only while it has something to do (see _engine).
+        self._scheduler.hooked = self._hub.listening or self._timer.armed_at is not None
+
+    def _registries_changed(self) -> None:
+        with self._lock:
+            if self._hub.listening:
+                self._hub.notify()
+
+    def _follow(self) -> None:
+        """If the calling loop adopts the coordinator, move its instants and timer here."""
+        delta = self._clock.follow()
+        if delta is None:
+            return
+        scheduler = self._scheduler
+        if delta:
+            scheduler.shift_time(delta)
+        if not scheduler.advance():  # what fell due meanwhile happens now
+            self._timer.rearm(scheduler.next_wakeup())
+            self._update_hook()
+
+    def _adopt(self) -> None:
+        # On a loop of another thread, after the home loop shut down with a timer pending.
+        with self._lock:
+            self._follow()
+
+    def _advance(self) -> None:
+        # Its change hook re-arms the timer; when nothing was due (a stale timer that
+        # fired before its cancel arrived from another thread) re-arm here.
+        if not self._scheduler.advance():
+            self._timer.rearm(self._scheduler.next_wakeup())
+            self._update_hook()
+
+    def _statistics(self) -> CoordinatorStatistics:
+        with self._lock:
+            return snapshot(self._scheduler, self._clock, self.resident_count)
+
+    # -- taking a slot --------------------------------------------------------------------------
+
+    def _park(self, ticket: Ticket) -> None:
+        """The one tail of every scheduling call that may wait (under the lock).
+
+        Granted at once, the ticket is resolved already: its wait is just the checkpoint,
+        and a cancellation there undoes the grant (``_parker_undo``). Otherwise it waits
+        as its own parker. Either way the caller then awaits the ticket's wait
+        (``Parker.wait``, or its steps inlined), outside the lock.
+        """
+        if ticket.state == GRANTED:
+            ticket.grant(True)
+        else:
+            self._clock.visit()  # a guest: it takes the timer over if home ends
+            ticket.parker = ticket
+
+    def _enqueue_permit(self, ticket: PermitTicket, t: ModelTuple, order: int | None) -> None:
+        """Place a fresh permit ``ticket`` in line; then await its wait."""
+        with self._lock:
+            if self._scheduler._wakeups:
+                self._follow()
+            self._scheduler.enqueue(t, order, True, ticket.reject, ticket)
+            self._park(ticket)
+
+    async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
+        """Wait for a permit's slot (``permit()`` does the same without this frame)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        ticket = PermitTicket(reject)
+        self._enqueue_permit(ticket, t, order)
+        await ticket.wait(self, ticket, self._lock)
+        return ticket
+
+    # -- what permits, reservations and requests call (each under the lock) ------------------
+
+    def _parker_abort(self, ticket: Ticket) -> None:
+        # A wait for ``ticket`` was cancelled while queued: it leaves the line.
+        self._discard(ticket)
+
+    def _parker_undo(self, ticket: Ticket, granted: bool) -> None:
+        # A wait for ``ticket`` was cancelled after its grant: the slot goes on at once
+        # (unless it was given back already, by a reservation's cancel). ``False`` is a
+        # withdrawn reacquire: the ticket is another lend's now, nothing to give back.
+        with self._lock:
+            if granted and ticket.state == GRANTED:
+                if isinstance(ticket, RequestTicket):
+                    self._scheduler.refund(ticket)  # the call was never made
+                self._release(ticket)
+
+    def _activate_and_wait(self, ticket: PermitTicket) -> Coroutine[Any, Any, object]:
+        """A reservation's run: activate its ticket and return the wait for its slot."""
+        with self._lock:
+            self._scheduler.activate(ticket)
+            self._park(ticket)
+        return ticket.wait(self, ticket, self._lock)
+
+    def _activate(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._scheduler.activate(ticket)
+
+    def _enqueue_request(
+        self, ticket: RequestTicket, t: ModelTuple, order: int | None, cover: PermitTicket | None
+    ) -> None:
+        """Place a fresh request ``ticket`` in line (see :meth:`_enqueue_permit`)."""
+        with self._lock:
+            scheduler = self._scheduler
+            if scheduler._wakeups:
+                self._follow()
+            else:
+                state = scheduler._tuples.get(t)
+                if state is not None and state.budgeted:
+                    self._follow()  # budgets read the clock: it must be this loop's
+            scheduler.enqueue_request(t, order, ticket.reject, ticket.tokens, cover, ticket)
+            self._park(ticket)
+
+    def _release(self, ticket: Ticket) -> None:
+        with self._lock:
+            state = ticket.state
+            if state == QUEUED and ticket.bypass:  # a lend waits to reacquire: it fails
+                self._scheduler.fail(ticket, PermitReleasedError(RELEASED_MESSAGE))
+            elif state != DONE:
+                self._scheduler.release(ticket)
+
+    def _discard(self, ticket: Ticket) -> None:
+        with self._lock:
+            if ticket.state == QUEUED or ticket.state == 0:
+                self._scheduler.discard(ticket)
+
+    def _fail(self, ticket: Ticket, error: BaseException) -> None:
+        with self._lock:
+            self._scheduler.fail(ticket, error)
+
+    def _lend_begin(self, ticket: PermitTicket) -> None:
+        with self._lock:
+            withdrawn = self._scheduler.lend_begin(ticket)
+            if withdrawn is not None:
+                withdrawn.grant(False)  # that lend returns; this one will reacquire
+
+    def _lend_end(self, ticket: PermitTicket, parker: Parker[bool]) -> bool:
+        with self._lock:
+            if self._scheduler._wakeups:
+                self._follow()
+            self._clock.visit()  # it may park to reacquire (see _enqueue_permit)
+            return self._scheduler.lend_end(ticket, parker)
+
+    def _settle(self, ticket: RequestTicket, tokens: int, increase: int = 0) -> None:
+        # ``increase``: how much more than its largest earlier settlement (instruments).
+        with self._lock:
+            self._follow()
+            self._scheduler.settle(ticket, tokens)
+            observer = self._scheduler.observer
+            if increase and observer is not None:
+                observer.settled(ticket.tuple_state.tuple, increase)

@@ -1,0 +1,427 @@
+"""The scheduler's grant machinery: who may run now, and the one loop that grants.
+
+:class:`Engine` holds the scheduler's state and decides, for every line, whether its head
+may run now (gate, cap, budget) and grants in ``(acceptance order, arrival)`` order while
+slots are free. ``_scheduler.Scheduler`` builds the operations (enqueue, release, lend,
+close, budgets) on top of it; see that module for the rules as a whole.
+
+Budgets and time
+----------------
+A budget dimension is a ``_bucket.Bucket``. Before a request draws, :meth:`Engine._may_draw`
+checks its tuple's *block* (the earliest request the budget holds back: no later request
+of the tuple may overtake it) and then the buckets; a request they cannot hold yet becomes
+the block, with the instant it becomes affordable as a wake-up. Wake-ups of both kinds
+(budget blocks and timed gate reopens) live in one heap, ``_wakeups``, with lazy deletion;
+the shell arms one timer at :meth:`Engine.next_wakeup` and calls :meth:`Engine.advance`
+when it fires. The clock is the caller's (``clock``), read only when a budget is involved,
+so tests can drive it and the hot path never reads it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final, cast
+
+from .._base.types import ModelTuple
+from .events import BUDGETS, budget_exhausted
+from .lines import (
+    GRANTED,
+    PERMITS,
+    QUEUED,
+    Entry,
+    Line,
+    PermitTicket,
+    ReadyEntry,
+    RequestTicket,
+    Ticket,
+    TupleState,
+)
+
+if TYPE_CHECKING:
+    from .instruments import Dispatch
+
+__all__ = [
+    "BUDGET",
+    "DUE_SLACK",
+    "GATE",
+    "IDLE_KEPT",
+    "Engine",
+    "Wakeup",
+    "bypass_live",
+    "wakeup_live",
+]
+
+# How many idle tuples stay cached for reuse (see ``Engine._forget_if_idle``).
+IDLE_KEPT: Final = 64
+
+# Wake-up kinds in ``_wakeups``: a timed gate reopen, the end of a budget block.
+GATE: Final = 0
+BUDGET: Final = 1
+
+# A timer may fire a hair before its instant (asyncio runs handles due within the clock's
+# resolution); what is due within this many seconds counts as due.
+DUE_SLACK: Final = 1e-6
+
+Wakeup = tuple[float, int, int, TupleState]  # (instant, seq, kind, tuple)
+
+
+def _no_clock() -> float:
+    return 0.0
+
+
+def _nothing() -> None:
+    pass
+
+
+class Engine:
+    """The scheduler's state and grant loop (see the module docstring)."""
+
+    __slots__ = (
+        "_bypass",
+        "_bypass_dead",
+        "_clock",
+        "_counter",
+        "_idle",
+        "_ready",
+        "_seq",
+        "_tuples",
+        "_wakeup_seq",
+        "_wakeups",
+        "active",
+        "fresh_reacquire",
+        "hooked",
+        "lent",
+        "limit",
+        "max_queued",
+        "observer",
+        "on_change",
+        "queued",
+        "version",
+    )
+
+    def __init__(
+        self,
+        limit: int,
+        tuple_limits: dict[ModelTuple, int] | None = None,
+        *,
+        fresh_reacquire: bool = True,
+        max_queued: int | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.limit = limit
+        self.fresh_reacquire = fresh_reacquire
+        self.max_queued = max_queued
+        self.active = 0
+        self.queued = 0
+        self.lent = 0
+        self.version = 0
+        # The change hook, called when ``hooked`` (someone listens, a timer is armed) or
+        # a wake-up exists (its timer must be armed): the hot path pays two reads.
+        self.on_change: Callable[[], object] = _nothing
+        self.hooked = False
+        # The registered instruments (``_instruments``), told of every wait's start and
+        # end; None while there are none, which is all the hot paths test.
+        self.observer: Dispatch | None = None
+        self._clock: Callable[[], float] = clock or _no_clock
+        self._counter = 0
+        self._seq = 0
+        self._tuples: dict[ModelTuple, TupleState] = {}
+        self._idle: dict[ModelTuple, TupleState] = {}  # recently idle, oldest first
+        self._ready: list[ReadyEntry] = []
+        self._bypass: list[Entry] = []
+        self._bypass_dead = 0
+        self._wakeups: list[Wakeup] = []
+        self._wakeup_seq = 0  # tie-breaker of equal instants (never compares tuples)
+        for model_tuple, tuple_limit in (tuple_limits or {}).items():
+            self._state(model_tuple).limit = tuple_limit
+
+    def _changed(self) -> None:
+        """The one place a change is announced (every public mutator ends with it)."""
+        self.version += 1
+        if self.hooked or self._wakeups:
+            self.on_change()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def next_order(self) -> int:
+        """A fresh acceptance order, larger than every order seen so far."""
+        self._counter += 1
+        return self._counter
+
+    def tuple_state(self, model_tuple: ModelTuple) -> TupleState | None:
+        """The tuple's bookkeeping, or None when it is idle (open, uncapped, unused)."""
+        state = self._tuples.get(model_tuple)
+        return None if state is None or state.idle else state
+
+    def tuple_states(self) -> Iterator[TupleState]:
+        """Every non-idle tuple, in no particular order."""
+        return (state for state in self._tuples.values() if not state.idle)
+
+    def next_wakeup(self) -> float | None:
+        """The earliest instant a timer must call :meth:`advance` at, or None.
+
+        (Drops wake-ups that no longer apply from the top of the heap; no other effect.)
+        """
+        wakeups = self._wakeups
+        while wakeups and not wakeup_live(wakeups[0]):
+            heapq.heappop(wakeups)
+        return wakeups[0][0] if wakeups else None
+
+    # -- tuples -------------------------------------------------------------------------------
+
+    def _state(self, model_tuple: ModelTuple) -> TupleState:
+        state = self._tuples.get(model_tuple)
+        if state is None:
+            state = self._tuples[model_tuple] = TupleState(model_tuple)
+        return state
+
+    def _forget_if_idle(self, state: TupleState) -> None:
+        """Let an idle tuple go, keeping the most recent few for reuse.
+
+        A tuple that goes idle is usually used again at once (acquire, release, acquire…),
+        so the last ``IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
+        so memory follows the tuples in use. O(1).
+        """
+        idle = self._idle
+        if state.tuple in idle or not state.idle:
+            return  # cached already (eviction re-checks), or not idle
+        idle[state.tuple] = state
+        if len(idle) > IDLE_KEPT:
+            model_tuple = next(iter(idle))
+            oldest = idle.pop(model_tuple)
+            if oldest.idle and self._tuples.get(model_tuple) is oldest:
+                del self._tuples[model_tuple]
+                oldest.permits.entry = oldest.requests.entry = None  # stale if in _ready
+
+    # -- who may run ----------------------------------------------------------------------------
+
+    def _offer(self, line: Line) -> None:
+        """Make sure a runnable line with a live head is represented in ``_ready``."""
+        state = line.state
+        if not state.line_admits(line):
+            return
+        head = line.head()
+        if head is None:
+            return
+        block = state.block
+        if line.kind != PERMITS and block is not None and head.key > block.key:
+            return  # held back behind the budget's front until its wake-up
+        entry = line.entry
+        if (
+            entry is None
+            or head.order < entry[0]
+            or (head.order == entry[0] and head.seq < entry[1])
+        ):
+            entry = line.entry = (head.order, head.seq, line)
+            heapq.heappush(self._ready, entry)
+            if len(self._ready) > 4 * len(self._tuples) + 64:
+                self._ready = [e for e in self._ready if e is e[2].entry]
+                heapq.heapify(self._ready)
+
+    def _wake_tuple(self, state: TupleState) -> None:
+        """Something may now run on this tuple (a gate opened, a cap or budget moved)."""
+        self._offer_all(state)
+        self._drain()
+
+    def _offer_all(self, state: TupleState) -> None:
+        self._offer(state.permits)
+        self._offer(state.requests)
+        self._offer(state.covered)
+
+    def _may_draw(self, state: TupleState, ticket: Ticket) -> bool:
+        """Whether request ``ticket`` may draw from its tuple's budget now.
+
+        While the tuple is blocked, its front and every request behind it wait for the
+        block's wake-up (or a change of the budget); only a request ahead of the front
+        may try. One that the budget cannot hold yet becomes the block, with a wake-up at
+        the instant it can.
+        """
+        if not state.budgeted:
+            return True
+        block = state.block
+        if block is not None and (block is ticket or ticket.key > block.key):
+            return False
+        now = self._clock()
+        ready = _ready_at(state, ticket, now)
+        if ready == now:
+            return True
+        state.block = ticket
+        self._block_until(state, ready)
+        if BUDGETS.isEnabledFor(logging.DEBUG):
+            budget_exhausted(state, ticket, ready, now)
+        return False
+
+    def _block_until(self, state: TupleState, instant: float) -> None:
+        if state.block_until != instant:
+            state.block_until = instant
+            self._wakeup_seq += 1
+            heapq.heappush(self._wakeups, (instant, self._wakeup_seq, BUDGET, state))
+
+    def _unblock(self, state: TupleState) -> None:
+        """Forget the tuple's block and let its requests try again (in key order)."""
+        if state.block is None:
+            return
+        state.block = None
+        state.block_until = None  # its wake-up is dead now
+        self._wake_tuple(state)
+
+    # -- granting -------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Grant slots while there is capacity and someone may run (the only grant loop)."""
+        ready = self._ready
+        bypass = self._bypass
+        while self.active < self.limit:
+            while bypass and not bypass_live(bypass[0]):
+                heapq.heappop(bypass)
+                self._bypass_dead -= 1
+            # Settle the top of the ready heap on a line that may run, with its true key.
+            while ready:
+                entry = ready[0]
+                line = entry[2]
+                if entry is not line.entry:
+                    heapq.heappop(ready)  # superseded by a better entry, or forgotten
+                    continue
+                state = line.state
+                head = line.head() if state.line_admits(line) else None
+                block = state.block
+                if head is None or (
+                    line.kind != PERMITS and block is not None and head.key > block.key
+                ):
+                    line.entry = None
+                    heapq.heappop(ready)
+                    continue
+                if head.seq != entry[1]:
+                    line.entry = (head.order, head.seq, line)
+                    heapq.heapreplace(ready, line.entry)
+                    continue
+                break
+            if bypass and (not ready or _before(bypass[0], ready[0])):
+                self._grant(heapq.heappop(bypass)[2])
+            elif ready:
+                line = ready[0][2]
+                if line.kind != PERMITS and not self._may_draw(line.state, line.first()):
+                    line.entry = None
+                    heapq.heappop(ready)
+                    continue
+                self._grant_from(line)
+            else:
+                break
+
+    def _grant_from(self, line: Line) -> None:
+        """Grant the head of ``line``, whose entry the drain just settled on top of
+        ``_ready``, and re-key the line there (the only caller is :meth:`_drain`)."""
+        # Never touches _ready: a permit granted from its line covers nothing yet, and a
+        # covered request's cover takes its slot back without offering anything.
+        self._grant(line.pop())
+        head = line.head() if line.state.line_admits(line) else None
+        ready = self._ready
+        assert ready[0] is line.entry
+        if head is None:
+            heapq.heappop(ready)
+            line.entry = None
+        else:
+            line.entry = (head.order, head.seq, line)
+            heapq.heapreplace(ready, line.entry)
+
+    def _grant(self, ticket: Ticket) -> None:
+        """Give ``ticket`` a slot (it left its line or the bypass heap): one of its own,
+        or, for a covered request, its cover's, which the cover takes back."""
+        state = ticket.tuple_state
+        if self.observer is not None:
+            self.observer.ended(ticket, "granted")
+        ticket.state = GRANTED
+        self.queued -= 1
+        state.queued -= 1
+        self.active += 1
+        if ticket.covered:
+            cover = ticket.cover
+            assert cover is not None
+            assert cover.parked
+            cover.parked = False
+            self.lent -= 1
+            cover.tuple_state.lent -= 1
+            cover.tuple_state.active += 1
+        else:
+            state.active += 1
+        if ticket.reject and state.foreground is not None:
+            state.foreground.pop(ticket, None)
+        if ticket.bypass:
+            ticket.bypass = False
+            self.lent -= 1
+            state.lent -= 1
+        elif ticket.request:
+            state.calls += 1
+            self._draw(state, ticket)
+        parker = ticket.parker
+        if parker is not None:
+            ticket.parker = None
+            parker.grant(True)
+        if ticket.candidates:  # a reacquired permit may cover at once
+            self._hand_cover(cast(PermitTicket, ticket))
+
+    def _draw(self, state: TupleState, ticket: Ticket) -> None:
+        if not state.budgeted:
+            return
+        now = self._clock()
+        if state.request_bucket is not None:
+            state.request_bucket.draw(1, now)
+        if state.token_bucket is not None:
+            state.token_bucket.draw(ticket.tokens, now)
+        block = state.block
+        if block is not None:
+            # A request ahead of the front drew: the front waits longer now.
+            self._block_until(state, _ready_at(state, block, now))
+
+    # Covers (rule L) live in ``_lending.Lending``; the grant loop and the settings reach
+    # them through these.
+
+    def _hand_cover(self, cover: PermitTicket) -> None:
+        raise NotImplementedError
+
+    def _reserve(self, cover: PermitTicket, request: RequestTicket) -> None:
+        raise NotImplementedError
+
+    def _take_back(self, cover: PermitTicket) -> None:
+        raise NotImplementedError
+
+    def _return_slot(self, state: TupleState) -> None:
+        self.active -= 1
+        state.active -= 1
+        if self.queued:  # else nobody could take the slot
+            limit = state.limit
+            if limit is not None and (state.active == limit - 1 or state.calls == limit - 1):
+                self._wake_tuple(state)  # its slots or calls just dropped below its cap
+            self._drain()
+        if not state.active and not state.queued:
+            self._forget_if_idle(state)
+
+
+def _ready_at(state: TupleState, ticket: Ticket, now: float) -> float:
+    """When the tuple's budget holds request ``ticket`` (``now`` if it does already)."""
+    ready = now
+    requests, tokens = state.request_bucket, state.token_bucket
+    if requests is not None and not requests.holds(1, now):
+        ready = requests.ready_at(1, now)
+    if tokens is not None and not tokens.holds(ticket.tokens, now):
+        ready = max(ready, tokens.ready_at(ticket.tokens, now))
+    return ready
+
+
+def wakeup_live(wakeup: Wakeup) -> bool:
+    at, _seq, kind, state = wakeup
+    if kind == GATE:
+        return not state.open and state.reopens_at == at
+    return state.block_until == at
+
+
+def bypass_live(entry: Entry) -> bool:
+    ticket = entry[2]
+    return ticket.state == QUEUED and ticket.bypass and ticket.seq == entry[1]
+
+
+def _before(a: Entry, b: ReadyEntry) -> bool:
+    """Whether entry ``a`` sorts before entry ``b`` (keys only; they are never equal)."""
+    return a[0] < b[0] or (a[0] == b[0] and a[1] < b[1])

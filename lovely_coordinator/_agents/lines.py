@@ -1,0 +1,507 @@
+"""The scheduler's data: tickets, the lines they wait in, and each tuple's bookkeeping.
+
+Plain synchronous structures with no decisions in them (those are ``scheduler.py``'s).
+
+* A :class:`Ticket` is one place in line and, once granted, the slot a permit holds or
+  the call a model request makes.
+* A :class:`Line` is a heap of the queued tickets of one tuple and one kind, keyed by
+  ``(acceptance order, arrival)``, with lazy deletion: a ticket that leaves the line
+  only forgets its entry (``ticket.entry = None``); the entry dies in place and is dropped
+  when it reaches the top. Liveness is the identity of the entry, so a ticket that leaves
+  a line and comes back never revives its old entry. Dead entries are counted, and a
+  line that is mostly dead is rebuilt, so memory follows the live waiters and removal is
+  O(1) amortised.
+* A :class:`TupleState` holds a tuple's three lines — permits, requests waiting for a
+  slot of their own, requests covered by a permit — its counts, gate, cap and budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, final
+
+from .._base.types import ModelTuple
+from .._base.waiter import PENDING as _PENDING
+from .._base.waiter import Parker
+
+if TYPE_CHECKING:
+    from .bucket import Bucket
+
+__all__ = [
+    "COVERED",
+    "Candidate",
+    "DONE",
+    "GRANTED",
+    "INACTIVE",
+    "LEFT",
+    "LENT",
+    "PERMITS",
+    "PermitTicket",
+    "QUEUED",
+    "REQUESTS",
+    "Line",
+    "RequestTicket",
+    "Ticket",
+    "TupleState",
+    "Wakeable",
+]
+
+# Ticket states. INACTIVE and QUEUED are "queued" (counted in queued); GRANTED holds a
+# slot (or, for a covered request, is in flight on its cover's slot); LENT is a permit
+# that gave its slot back while its holder waits; DONE is terminal.
+INACTIVE: Final = 0
+QUEUED: Final = 1
+GRANTED: Final = 2
+LENT: Final = 3
+DONE: Final = 4
+
+STATE_NAMES: Final = ("inactive", "queued", "granted", "lent", "done")
+
+# Line kinds.
+PERMITS: Final = 0  # permits and reservations: a slot, the gate, the tuple cap
+REQUESTS: Final = 1  # model requests wanting a slot of their own: the same, plus the budget
+COVERED: Final = 2  # model requests on a permit's lent slot: a slot, the gate, calls, budget
+
+# A ticket's ``entry`` once it left a line (see Line.push).
+LEFT: Final = object()
+
+# A line is rebuilt once it holds more than this many dead entries and they are the
+# majority; below that, dead entries are cheaper to pop as they surface.
+COMPACT_MIN: Final = 64
+
+
+class Wakeable(Protocol):
+    """What the scheduler needs of a parked task (``_waiter.Parker`` fits)."""
+
+    def grant(self, value: bool) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+class Ticket(Parker[bool]):
+    """A place in line; once granted, a slot (a permit) or a call in flight (a request).
+
+    Two kinds, :class:`PermitTicket` and :class:`RequestTicket`; each stores only its own
+    fields, and reads the other kind's as the class-level defaults below (parked waiters
+    are the coordinator's memory: a slot less per waiter is worth a class).
+
+    Attributes:
+        order, seq: the current place in line, ``(acceptance order, arrival)``; seq is
+            unique per scheduler.
+        state: INACTIVE, QUEUED, GRANTED, LENT or DONE.
+        tuple_state: the tuple's bookkeeping (refreshed on every reacquire).
+        reject: fail when the tuple's gate closes while queued.
+        request: a model request (else a permit or reservation).
+        line: the line holding the ticket's live entry, while queued in one.
+        entry: that live entry (the very tuple in the line's heap).
+        bypass: the place in line is a lending permit's reacquire (ignores gates, caps).
+        parker: the task waiting for this ticket, if one is parked.
+        error: why the ticket failed, when nobody was parked to receive it.
+        since: ``time.monotonic()`` when it started to wait, set only where it really
+            queues (None for a ticket granted at once); for observation, never decisions.
+
+    A permit's own: ``origin`` (the acceptance order it was first granted with),
+    ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
+    request on its slot, reserved or in flight), ``candidates`` (a heap of requests
+    waiting for its slot to be free), ``deferred`` (lent or released, its slot stays
+    taken until the request in flight on it ends) and ``parked`` (held, but its slot is
+    lent while the request it covers waits; rule L in ``scheduler.py``). A request's
+    own: ``accepted`` (its acceptance order; ``order`` is its rank, see rule L),
+    ``tokens`` (its charge: the estimate, then what it settled), ``cover`` (the permit
+    whose slot it may use) and ``covered`` (it is, queued or in flight, on that slot).
+    """
+
+    __slots__ = (
+        "bypass",
+        "entry",
+        "error",
+        "line",
+        "order",
+        "parker",
+        "reject",
+        "seq",
+        "since",
+        "state",
+        "tuple_state",
+    )
+
+    request: ClassVar[bool] = False
+    # The other kind's fields, read-only here (each subclass has slots for its own).
+    origin: int = 0
+    lends: int = 0
+    covering: RequestTicket | None = None
+    candidates: list[Candidate] | None = None
+    deferred: bool = False
+    parked: bool = False
+    accepted: int = 0
+    tokens: int = 0
+    cover: PermitTicket | None = None
+    covered: bool = False
+
+    order: int
+    seq: int
+    state: int
+    tuple_state: TupleState
+    reject: bool
+    line: Line | None
+    entry: object  # its live occurrence in ``line`` (see Line), LEFT, or None
+    bypass: bool
+    parker: Wakeable | None
+    error: BaseException | None
+    since: float | None
+
+    def __repr__(self) -> str:
+        kind = "request" if self.request else "permit"
+        state = STATE_NAMES[self.state]
+        where = getattr(self, "tuple_state", None)  # unset until it takes a place in line
+        t = None if where is None else where.tuple
+        return f"<Ticket {kind} {t} order={self.order} seq={self.seq} {state}>"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.order, self.seq)
+
+
+class PermitTicket(Ticket):
+    """A permit's or a reservation's ticket (see :class:`Ticket`).
+
+    Not final: the coordinator's ``permit()`` context manager *is* its ticket (and its
+    parker), one object per call.
+    """
+
+    __slots__ = ("candidates", "covering", "deferred", "lends", "origin", "parked")
+
+    origin: int
+    lends: int
+    covering: RequestTicket | None
+    candidates: list[Candidate] | None
+    deferred: bool
+    parked: bool
+
+    def __init__(self, reject: bool) -> None:
+        # Every field set here, not through super(): this runs for every acquire. The
+        # place in line (order, seq, tuple_state, origin) is the scheduler's to set.
+        self._state = _PENDING
+        self._value = None
+        self._error = None
+        self._sleeper = None
+        self._home = None
+        self.order = self.seq = self.origin = 0
+        self.state = INACTIVE
+        self.reject = reject
+        self.line = None
+        self.entry = None
+        self.bypass = False
+        self.parker = None
+        self.error = None
+        self.since = None
+        self.lends = 0
+        self.covering = None
+        self.candidates = None
+        self.deferred = False
+        self.parked = False
+
+
+class RequestTicket(Ticket):
+    """A model request's ticket (see :class:`Ticket`; its context manager is one too)."""
+
+    __slots__ = ("accepted", "cover", "covered", "tokens")
+
+    request: ClassVar[bool] = True
+    accepted: int
+    tokens: int
+    cover: PermitTicket | None
+    covered: bool
+
+    def __init__(self, reject: bool, tokens: int) -> None:
+        self._state = _PENDING
+        self._value = None
+        self._error = None
+        self._sleeper = None
+        self._home = None
+        self.order = self.seq = self.accepted = 0
+        self.state = INACTIVE
+        self.reject = reject
+        self.line = None
+        self.entry = None
+        self.bypass = False
+        self.parker = None
+        self.error = None
+        self.since = None
+        self.tokens = tokens
+        self.cover = None
+        self.covered = False
+
+
+# (order, seq, ticket) in a line or the bypass heap; (order, seq, line) in the ready heap.
+# seq is unique, so comparison never reaches the third item.
+Entry = tuple[int, int, Ticket]
+ReadyEntry = tuple[int, int, "Line"]
+Candidate = tuple[int, int, "RequestTicket"]  # in a permit's heap of candidates
+
+
+@final
+class Line:
+    """The queued tickets of one tuple and one kind, best ``(order, seq)`` first.
+
+    Tickets usually arrive in increasing key order (fresh acceptance orders only grow),
+    so a line starts as a FIFO: a deque *of the tickets themselves*, appended to and
+    popped from at O(1), with no entry object per waiter (a parked waiter's objects are
+    the coordinator's memory and its collector's work). The first push that would break
+    the order (an explicit, earlier acceptance order; a ticket coming back to a line, whose
+    dead occurrence may still be in it) turns it into a heap of ``(order, seq, ticket)``
+    entries, which it stays until it is empty again. Both keep the best at index 0.
+
+    Invariants:
+        * Every ticket whose ``line`` is this line has exactly one live occurrence here,
+          its ``entry``: the ticket itself in a FIFO, its entry tuple in a heap. An
+          occurrence is live exactly when it is its ticket's ``entry`` (and, bare, the
+          ticket's ``line`` is this one); a ticket that left a line has ``entry``
+          :data:`LEFT` until it is queued again.
+        * ``dead`` counts the occurrences that are not live.
+        * With ``fifo``, ``items`` is a deque of tickets whose live ones are sorted by key,
+          each at most ``last`` (the key of the last push); otherwise a heap of entries.
+        * ``entry`` is this line's entry in the scheduler's ready heap, or None.
+    """
+
+    __slots__ = ("dead", "entry", "fifo", "items", "kind", "last", "state")
+
+    def __init__(self, state: TupleState, kind: int) -> None:
+        self.state = state
+        self.kind = kind
+        # A deque of tickets (fifo) or a heap list of entries: typed loosely, the two
+        # representations are the invariant's business (see above).
+        self.items: Any = deque()
+        self.fifo = True
+        self.last = (0, 0)
+        self.dead = 0
+        self.entry: ReadyEntry | None = None
+
+    def __repr__(self) -> str:
+        kind = ("permits", "requests", "covered")[self.kind]
+        return f"<Line {self.state.tuple} {kind} {len(self.items) - self.dead} live>"
+
+    def live(self, item: Ticket | Entry) -> bool:
+        """Whether ``item`` of ``items`` is its ticket's live occurrence."""
+        if isinstance(item, tuple):
+            return item[2].entry is item
+        return item.entry is item and item.line is self
+
+    def push(self, ticket: Ticket) -> None:
+        ticket.line = self
+        items = self.items
+        if self.fifo:
+            key = (ticket.order, ticket.seq)
+            # Only a ticket that never left a line may be stored bare: one that did may
+            # still have a dead occurrence here, which a bare push would revive.
+            if not items or (ticket.entry is None and key > self.last):
+                items.append(ticket)
+                ticket.entry = ticket
+                self.last = key
+                return
+            items = self._to_heap()
+        entry = ticket.entry = (ticket.order, ticket.seq, ticket)
+        heapq.heappush(items, entry)
+
+    def _to_heap(self) -> list[Entry]:
+        # Out of order: a heap from now on, of the live tickets only.
+        live: list[Entry] = []
+        for ticket in self.items:
+            if ticket.entry is ticket and ticket.line is self:
+                entry = ticket.entry = (ticket.order, ticket.seq, ticket)
+                live.append(entry)
+        heapq.heapify(live)
+        self.items = live
+        self.fifo = False
+        self.dead = 0
+        return live
+
+    def head(self) -> Ticket | None:
+        """The best live ticket, dropping dead occurrences from the front."""
+        items = self.items
+        if self.fifo:
+            while items:
+                ticket: Ticket = items[0]
+                if ticket.entry is ticket and ticket.line is self:
+                    return ticket
+                items.popleft()
+                self.dead -= 1
+            return None
+        while items:
+            entry = items[0]
+            ticket = entry[2]
+            if ticket.entry is entry:
+                return ticket
+            heapq.heappop(items)
+            self.dead -= 1
+        self.items = deque()  # empty: back to the cheap mode
+        self.fifo = True
+        return None
+
+    def first(self) -> Ticket:
+        """The ticket at the front (the caller just saw :meth:`head` return it)."""
+        item = self.items[0]
+        ticket: Ticket = item if self.fifo else item[2]
+        return ticket
+
+    def pop(self) -> Ticket:
+        """Remove and return the head (the caller just saw :meth:`head` return it)."""
+        items = self.items
+        if self.fifo:
+            ticket: Ticket = items.popleft()
+        else:
+            ticket = heapq.heappop(items)[2]
+        ticket.line = ticket.entry = None
+        return ticket
+
+    def remove(self, ticket: Ticket) -> None:
+        """Take ``ticket`` out of the line (its occurrence dies in place)."""
+        ticket.line = None
+        ticket.entry = LEFT
+        self.dead += 1
+        if self.dead > COMPACT_MIN and 2 * self.dead > len(self.items):
+            live = self.live
+            if self.fifo:
+                self.items = deque(t for t in self.items if live(t))  # keeps the order
+            else:
+                kept = [e for e in self.items if live(e)]
+                heapq.heapify(kept)
+                self.items = kept
+            self.dead = 0
+
+    def entries(self) -> list[Entry]:
+        """The live occurrences as ``(order, seq, ticket)``, in storage order (a FIFO's is
+        sorted, a heap's is not). O(n); a pure read, for snapshots and checks."""
+        if self.fifo:
+            return [(t.order, t.seq, t) for t in self.items if t.entry is t and t.line is self]
+        return [e for e in self.items if e[2].entry is e]
+
+    def tickets(self) -> list[Ticket]:
+        """The live tickets, best first (O(n log n); for snapshots and checks)."""
+        return [e[2] for e in sorted(self.entries(), key=_entry_key)]
+
+
+def _entry_key(entry: Entry) -> tuple[int, int]:
+    return (entry[0], entry[1])
+
+
+@final
+class TupleState:
+    """The bookkeeping of one model tuple.
+
+    Invariants (checked by ``Scheduler.check_invariants``):
+        * ``active`` counts the slots on this tuple: its GRANTED permits that are not
+          parked and GRANTED requests on a slot of their own, plus lent or released
+          permits whose slot is deferred; ``calls`` counts its GRANTED requests, on
+          slots of their own or on covers of any tuple (the calls in flight).
+        * A cap bounds both: nothing but a reacquire is granted a slot on the tuple
+          while ``active >= limit`` (a reacquire or a parked permit taking its slot
+          back may exceed it), and no request of the
+          tuple is granted while ``calls >= limit`` (nothing exceeds that).
+        * ``queued`` counts its INACTIVE and QUEUED tickets (reacquires included).
+        * ``foreground`` holds exactly its queued tickets with ``reject`` set.
+        * ``inactive`` holds exactly its INACTIVE tickets (reservations not yet activated,
+          which are in no line), oldest first; ``lent`` counts its LENT and parked
+          permits and queued reacquires (so the tuple is never idle while a permit of
+          it is lent).
+        * ``block``, when set, is the earliest request that the budget holds back (the
+          *front*); no request of the tuple with a later key may draw until
+          ``block_until``, when the budget holds the front.
+    """
+
+    __slots__ = (
+        "active",
+        "block",
+        "block_until",
+        "calls",
+        "covered",
+        "explicit",
+        "foreground",
+        "inactive",
+        "lent",
+        "limit",
+        "open",
+        "permits",
+        "queued",
+        "reopens_at",
+        "request_bucket",
+        "requests",
+        "token_bucket",
+        "tuple",
+    )
+
+    def __init__(self, model_tuple: ModelTuple) -> None:
+        self.tuple = model_tuple
+        self.permits = Line(self, PERMITS)
+        self.requests = Line(self, REQUESTS)
+        self.covered = Line(self, COVERED)
+        self.active = 0
+        self.calls = 0
+        self.queued = 0
+        self.limit: int | None = None
+        self.open = True
+        self.reopens_at: float | None = None
+        self.foreground: dict[Ticket, None] | None = None  # created on first use
+        self.inactive: dict[Ticket, None] | None = None  # created on first use
+        self.lent = 0
+        self.request_bucket: Bucket | None = None
+        self.token_bucket: Bucket | None = None
+        # Which dimensions set_budget set (bit 1: requests, bit 2: tokens); the others,
+        # if any, were learned from the provider and may be relearned.
+        self.explicit = 0
+        self.block: Ticket | None = None
+        self.block_until: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<TupleState {self.tuple} active={self.active} queued={self.queued}>"
+
+    @property
+    def capped(self) -> bool:
+        """Its slots are at its cap: no permit or own-slot request may be granted."""
+        limit = self.limit
+        return limit is not None and self.active >= limit
+
+    @property
+    def calls_full(self) -> bool:
+        """Its calls in flight are at its cap: no request of it may be granted."""
+        limit = self.limit
+        return limit is not None and self.calls >= limit
+
+    @property
+    def admits(self) -> bool:
+        """Open and its slots below its cap: its eligible permits may be granted now."""
+        return self.open and (self.limit is None or self.active < self.limit)
+
+    @property
+    def admits_calls(self) -> bool:
+        """Open, and its slots and calls below its cap: an own-slot request may run."""
+        limit = self.limit
+        return self.open and (limit is None or (self.active < limit and self.calls < limit))
+
+    def line_admits(self, line: Line) -> bool:
+        """Whether the head of ``line`` (one of this tuple's) passes the gate and cap."""
+        kind = line.kind
+        if kind == PERMITS:
+            return self.admits
+        if kind == REQUESTS:
+            return self.admits_calls
+        return self.open and (self.limit is None or self.calls < self.limit)
+
+    @property
+    def budgeted(self) -> bool:
+        return self.request_bucket is not None or self.token_bucket is not None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing worth remembering: no work, open, uncapped, no budget."""
+        return (
+            not self.queued
+            and not self.active
+            and not self.calls
+            and not self.lent
+            and self.open
+            and self.limit is None
+            and self.request_bucket is None
+            and self.token_bucket is None
+        )

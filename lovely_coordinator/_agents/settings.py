@@ -1,0 +1,321 @@
+"""The scheduler's settings and time: the global cap, tuple caps, gates, budgets, wake-ups.
+
+Each call here changes one setting and then grants whatever that lets run, in order, before
+it returns (so a raised cap or an opened gate is work-conserving at once). Arguments are
+already valid: the coordinator validates them. See ``scheduler.py`` for the rules as a
+whole and ``_engine.py`` for the grant loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from time import monotonic
+from typing import Final
+
+from .._base.errors import TupleSuspendedError
+from .._base.types import ModelTuple
+from .bucket import Bucket
+from .engine import DUE_SLACK, GATE, Engine, bypass_live, wakeup_live
+from .events import GATES, gate_reopened
+from .instruments import CANCELLED, REJECTED, WaitOutcome
+from .lines import (
+    COMPACT_MIN,
+    DONE,
+    INACTIVE,
+    QUEUED,
+    RequestTicket,
+    Ticket,
+    TupleState,
+    Wakeable,
+)
+
+__all__ = ["EXPLICIT_REQUESTS", "EXPLICIT_TOKENS", "SUSPENDED_MESSAGE", "Settings"]
+
+SUSPENDED_MESSAGE: Final = (
+    "Provider/model is suspended by a provider limit; foreground work cannot wait for recovery"
+)
+
+# Bits of ``TupleState.explicit``: the dimensions set_budget set (learn_budget leaves them).
+EXPLICIT_REQUESTS: Final = 1
+EXPLICIT_TOKENS: Final = 2
+
+
+class Settings(Engine):
+    """Limits, gates, budgets and time on top of the grant loop."""
+
+    __slots__ = ()
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _waits(self, ticket: Ticket) -> None:
+        """``ticket`` really queued (it was not granted in the call that enqueued it)."""
+        ticket.since = monotonic()
+        if self.observer is not None:
+            self.observer.started(ticket)
+
+    # -- leaving ---------------------------------------------------------------------------------
+
+    def _discard(self, ticket: Ticket, outcome: WaitOutcome = CANCELLED) -> Wakeable | None:
+        assert ticket.state in (INACTIVE, QUEUED)
+        if self.observer is not None:
+            self.observer.ended(ticket, outcome)
+        state = ticket.tuple_state
+        covered = ticket.covered
+        self._unqueue(ticket)
+        if ticket.bypass:
+            self.lent -= 1
+            state.lent -= 1
+            ticket.bypass = False
+        ticket.state = DONE
+        parker, ticket.parker = ticket.parker, None
+        if isinstance(ticket, RequestTicket):
+            cover = ticket.cover
+            if covered and cover is not None:
+                ticket.covered = False
+                cover.covering = None
+                self._take_back(cover)  # it was parked for this request (rule L)
+            if state.block is ticket:
+                self._unblock(state)  # the front left: the next one may need less
+        self._forget_if_idle(state)
+        return parker
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        state = ticket.tuple_state
+        self.queued -= 1
+        state.queued -= 1
+        if ticket.reject and state.foreground is not None:
+            state.foreground.pop(ticket, None)
+        if ticket.state != QUEUED:
+            inactive = state.inactive
+            assert inactive is not None
+            del inactive[ticket]  # inactive: in no line, only there
+            return
+        if ticket.bypass:
+            self._bypass_dead += 1
+            if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
+                ticket.state = DONE  # so the rebuild drops it
+                self._bypass = [e for e in self._bypass if bypass_live(e)]
+                heapq.heapify(self._bypass)
+                self._bypass_dead = 0
+        elif ticket.line is not None:
+            ticket.line.remove(ticket)
+
+    # -- caps ---------------------------------------------------------------------------------
+
+    def set_limit(self, limit: int) -> None:
+        """Change the global cap. Growing grants at once, in order; shrinking revokes nothing."""
+        self.limit = limit
+        self._drain()
+        self._changed()
+
+    def set_tuple_limit(self, model_tuple: ModelTuple, limit: int | None) -> None:
+        """Cap (or, with None, uncap) a tuple. A raised cap grants at once."""
+        state = self._state(model_tuple)
+        state.limit = limit
+        self._wake_tuple(state)
+        self._forget_if_idle(state)
+        self._changed()
+
+    # -- gates --------------------------------------------------------------------------------
+
+    def is_open(self, model_tuple: ModelTuple, now: float | None) -> bool:
+        """Whether the gate is open at ``now`` (a pure read: a timed closure whose instant
+        has passed counts as open even before its wake-up ran)."""
+        state = self._tuples.get(model_tuple)
+        if state is None or state.open:
+            return True
+        return state.reopens_at is not None and now is not None and state.reopens_at <= now
+
+    def close(self, model_tuple: ModelTuple, reopens_at: float | None) -> None:
+        """Close the tuple's gate and fail its ``reject`` waiters. Grants nothing.
+
+        A closure is never shortened: closing a closed tuple keeps the later of the two
+        reopen times, and a closure without a reopen time (None) lasts until :meth:`open`.
+        """
+        state = self._state(model_tuple)
+        if state.open:
+            state.open = False
+            state.reopens_at = reopens_at
+        elif reopens_at is None:
+            state.reopens_at = None
+        elif state.reopens_at is not None and reopens_at > state.reopens_at:
+            state.reopens_at = reopens_at
+        if state.reopens_at is not None and state.reopens_at == reopens_at:
+            self._wakeup_seq += 1
+            heapq.heappush(self._wakeups, (reopens_at, self._wakeup_seq, GATE, state))
+        # Nothing of a closed tuple draws: its budget's wake-up would grant nothing. The
+        # front blocks again, at its instant then, when the gate opens.
+        state.block = state.block_until = None
+        foreground = state.foreground
+        if foreground:
+            state.foreground = None
+            for ticket in sorted(foreground, key=_key):
+                parker = self._discard(ticket, REJECTED)
+                error = TupleSuspendedError(SUSPENDED_MESSAGE)
+                if parker is not None:
+                    parker.fail(error)
+                else:
+                    ticket.error = error
+        self._changed()
+
+    def open(self, model_tuple: ModelTuple) -> None:
+        """Open the tuple's gate (fine when open); its waiters may be granted at once."""
+        state = self._tuples.get(model_tuple)
+        if state is None or state.open:
+            return
+        state.open = True
+        state.reopens_at = None  # its wake-up is dead now
+        self._wake_tuple(state)
+        self._forget_if_idle(state)
+        self._changed()
+
+    # -- budgets --------------------------------------------------------------------------------
+
+    def set_budget(
+        self, model_tuple: ModelTuple, requests: float | None, tokens: float | None
+    ) -> None:
+        """Set both budget dimensions of a tuple (None removes one).
+
+        A new dimension starts full; a changed one keeps what was spent. Requests waiting
+        on the budget are re-examined at once (their wake-up may move either way).
+        """
+        state = self._state(model_tuple)
+        now = self._clock()
+        state.request_bucket = _resized(state.request_bucket, requests, now)
+        state.token_bucket = _resized(state.token_bucket, tokens, now)
+        state.explicit = (EXPLICIT_REQUESTS if requests is not None else 0) | (
+            EXPLICIT_TOKENS if tokens is not None else 0
+        )
+        self._budget_moved(state)
+
+    def learn_budget(
+        self,
+        model_tuple: ModelTuple,
+        requests: float | None,
+        tokens: float | None,
+        requests_remaining: float | None,
+        tokens_remaining: float | None,
+    ) -> None:
+        """What a provider reported: per-minute limits where none was set explicitly (a
+        new rate keeps what is available, at most its capacity), and what remains (which
+        only ever lowers what is available)."""
+        state = self._state(model_tuple)
+        now = self._clock()
+        if requests is not None and not state.explicit & EXPLICIT_REQUESTS:
+            state.request_bucket = _rerated(state.request_bucket, requests, now)
+        if tokens is not None and not state.explicit & EXPLICIT_TOKENS:
+            state.token_bucket = _rerated(state.token_bucket, tokens, now)
+        if requests_remaining is not None and state.request_bucket is not None:
+            state.request_bucket.lower_to(requests_remaining, now)
+        if tokens_remaining is not None and state.token_bucket is not None:
+            state.token_bucket.lower_to(tokens_remaining, now)
+        self._budget_moved(state)
+
+    def settle(self, ticket: RequestTicket, tokens: int) -> None:
+        """A request's real token usage replaces its charge: refund or charge the difference."""
+        change = tokens - ticket.tokens
+        ticket.tokens = tokens
+        # The tuple's bookkeeping now: a request settled after its exit may have outlived
+        # the state it was granted on (an idle tuple is forgotten; see _forget_if_idle).
+        state = self._tuples.get(ticket.tuple_state.tuple)
+        if state is None:
+            return  # idle: no budget to charge
+        ticket.tuple_state = state
+        bucket = state.token_bucket
+        if change and bucket is not None:
+            bucket.adjust(change, self._clock())
+            self._budget_moved(state)
+
+    def refund(self, ticket: RequestTicket) -> None:
+        """Give back what a granted request drew: it was cancelled before it resumed."""
+        state = ticket.tuple_state
+        if not state.budgeted:
+            return
+        now = self._clock()
+        if state.request_bucket is not None:
+            state.request_bucket.adjust(-1, now)
+        if state.token_bucket is not None and ticket.tokens:
+            state.token_bucket.adjust(-ticket.tokens, now)
+        self._budget_moved(state)
+
+    def _budget_moved(self, state: TupleState) -> None:
+        # The front's instant may have moved either way: forget the block and let the
+        # requests try again in order (the front re-blocks with its new instant).
+        if state.block is not None:
+            self._unblock(state)
+        else:
+            self._wake_tuple(state)
+        self._forget_if_idle(state)
+        self._changed()
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def advance(self) -> bool:
+        """Apply every wake-up that is due on the clock; True if any was.
+
+        Timed gates reopen (a closure is never cut short: only its own wake-up opens it),
+        budget blocks end and their requests try again.
+        """
+        now = self._clock() + DUE_SLACK
+        wakeups = self._wakeups
+        woken: dict[TupleState, None] = {}
+        while wakeups and wakeups[0][0] <= now:
+            wakeup = heapq.heappop(wakeups)
+            if not wakeup_live(wakeup):
+                continue
+            state = wakeup[3]
+            if wakeup[2] == GATE:
+                state.open = True
+                state.reopens_at = None
+                if GATES.isEnabledFor(logging.INFO):
+                    gate_reopened(state.tuple, "reopen time reached")
+            else:
+                state.block = None
+                state.block_until = None
+            woken[state] = None
+        if not woken:
+            return False
+        # Everything due happened at once: grant in order across all of it, not one
+        # wake-up after the other (a later one could hold a better key).
+        for state in woken:
+            self._offer_all(state)
+        self._drain()
+        for state in woken:
+            self._forget_if_idle(state)
+        self._changed()
+        return True
+
+    def shift_time(self, delta: float) -> None:
+        """Restate every stored instant on a clock ``delta`` seconds ahead (the same
+        instants, new numbers: the coordinator moved to another event loop's clock)."""
+        for state in self._tuples.values():
+            if state.reopens_at is not None:
+                state.reopens_at += delta
+            if state.block_until is not None:
+                state.block_until += delta
+            for bucket in (state.request_bucket, state.token_bucket):
+                if bucket is not None:
+                    bucket.shift(delta)
+        self._wakeups = [(at + delta, seq, kind, s) for at, seq, kind, s in self._wakeups]
+        heapq.heapify(self._wakeups)
+
+
+def _resized(bucket: Bucket | None, per_minute: float | None, now: float) -> Bucket | None:
+    if per_minute is None:
+        return None
+    if bucket is None:
+        return Bucket(per_minute, now)
+    bucket.resize(per_minute, now)
+    return bucket
+
+
+def _rerated(bucket: Bucket | None, per_minute: float, now: float) -> Bucket:
+    if bucket is None:
+        return Bucket(per_minute, now)
+    bucket.rerate(per_minute, now)
+    return bucket
+
+
+def _key(ticket: Ticket) -> tuple[int, int]:
+    return (ticket.order, ticket.seq)

@@ -1,0 +1,1 @@
+"""The command line that ships with the library: ``top`` (``python -m lovely_coordinator``)."""
