@@ -425,6 +425,7 @@ class Scheduler(Lending):
             if state == GRANTED:
                 if ticket.parked:
                     self._unpark(ticket)  # its slot is lent already: nothing to return
+                    self._forget_if_idle(ticket.tuple_state)  # (it was lent until now)
                 elif ticket.covering is not None:
                     ticket.deferred = True  # a request is in flight on its slot
                 else:
