@@ -37,8 +37,15 @@ min_replicas=n)`` count a grant, and each renewal, only once ``n`` replicas have
 (``WAIT``): a failover to one of them loses no grant. While fewer acknowledge, acquires keep
 waiting and holders see ``lost`` by their deadline.
 
-Every key of an object shares one hash tag, and ids are escaped so that no two objects
-ever share a key, whatever characters their prefixes and ids contain. The scripts read
+**Redis Cluster.** Every class takes a ``redis.asyncio.RedisCluster`` as well. Every key
+of an object shares one hash tag (its slot), and ids are escaped so that no two objects
+ever share a key, whatever characters their prefixes and ids contain. On a cluster the
+generation marker is one per slot (``lovely-coordinator:generation{<tag>}``), so a slot
+the library has not used waits one quiet period (vouch for a new cluster by putting the
+run ids of all its nodes, separated by spaces, in ``lovely-coordinator:fresh-boot``).
+Pools, gates and fleets publish on sharded channels (``SPUBLISH``, in their object's slot;
+on a single server too); a locker's release notices are classic pub/sub, which a cluster
+carries to every node. The scripts read
 ``INFO server`` (the version once per client; the run id at every grant), so the server
 must allow ``INFO`` to the client's user.
 """

@@ -283,13 +283,14 @@ def test_bad_ttl(redis_client: Any, ttl: float) -> None:
     [
         (None, "NoneType"),
         ("redis://127.0.0.1:6379", r"str \(make one with redis.asyncio.Redis.from_url\(url\)\)"),
-        (redis.Redis(), r"Redis \(this module is asyncio-only: use redis.asyncio.Redis"),
+        (redis.Redis(), r"Redis \(this module is asyncio-only: use redis.asyncio.Redis or "),
     ],
     ids=["none", "url", "sync-client"],
 )
 def test_a_client_that_is_not_an_asyncio_redis_client_is_refused(client: Any, hint: str) -> None:
     with pytest.raises(
-        InvalidArgumentTypeError, match=f"^client must be a redis.asyncio.Redis, not {hint}"
+        InvalidArgumentTypeError,
+        match=f"^client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, not {hint}",
     ):
         RedisLocker(client)
 

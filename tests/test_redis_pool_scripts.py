@@ -66,19 +66,19 @@ class Pool:
 
 
 class Announcements:
-    """What the scripts publish on the pool's channel."""
+    """What the scripts publish on the pool's channel (a sharded one)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pubsub = client.pubsub()
 
     async def start(self) -> None:
-        await self.pubsub.subscribe(CHANNEL)
-        assert (await self.pubsub.get_message(timeout=5))["type"] == "subscribe"
+        await self.pubsub.ssubscribe(CHANNEL)
+        assert (await self.pubsub.get_message(timeout=5))["type"] == "ssubscribe"
 
     async def since_last(self) -> list[str]:
         """Everything published since the previous call, in order."""
-        await self.client.publish(CHANNEL, "end")  # delivered after all that came before
+        await self.client.spublish(CHANNEL, "end")  # delivered after all that came before
         out: list[str] = []
         while True:
             message = await self.pubsub.get_message(timeout=5)

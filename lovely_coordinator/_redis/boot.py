@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import redis.asyncio
 from redis.exceptions import ResponseError
 
 from .._base.errors import UnsupportedServerError
+from .cluster import Client
 from .keys import FRESH_BOOT_KEY
 from .log import log
 from .subscriber import text
@@ -57,10 +57,10 @@ class _ServerState:
     quiet_told_for: str | None = None
 
 
-_states: weakref.WeakKeyDictionary[redis.asyncio.Redis, _ServerState] = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[Client, _ServerState] = weakref.WeakKeyDictionary()
 
 
-def _state(client: redis.asyncio.Redis) -> _ServerState:
+def _state(client: Client) -> _ServerState:
     state = _states.get(client)
     if state is None:
         state = _states[client] = _ServerState()
@@ -91,7 +91,7 @@ def too_old(info: Mapping[str, Any]) -> tuple[str, str] | None:
     return {"redis": "Redis", "valkey": "Valkey"}.get(name, name), version
 
 
-async def ensure_supported(client: redis.asyncio.Redis) -> None:
+async def ensure_supported(client: Client) -> None:
     """Refuse a server older than Redis 7.0 / Valkey 7.2 (read once per client, remembered).
 
     Raises:
@@ -113,13 +113,13 @@ async def ensure_supported(client: redis.asyncio.Redis) -> None:
         raise state.refused
 
 
-def fresh_run_id(client: redis.asyncio.Redis) -> str:
+def fresh_run_id(client: Client) -> str:
     """The run ids of the client's server boots found declared fresh (spaces between), or ``""``."""
     state = _states.get(client)
     return "" if state is None else state.fresh
 
 
-async def declared_fresh(client: redis.asyncio.Redis, run_id: str) -> bool:
+async def declared_fresh(client: Client, run_id: str) -> bool:
     """Whether boot ``run_id`` was declared fresh (the key is read once per boot).
 
     A server that refuses the read (an ACL that does not cover the key) declares nothing.
@@ -138,7 +138,7 @@ async def declared_fresh(client: redis.asyncio.Redis, run_id: str) -> bool:
     return known
 
 
-async def on_quiet(client: redis.asyncio.Redis, what: str, remaining_ms: int, run_id: str) -> bool:
+async def on_quiet(client: Client, what: str, remaining_ms: int, run_id: str) -> bool:
     """What a waiter does when a script tells it of a quiet period (see ``grant.py``).
 
     Returns:
@@ -151,7 +151,7 @@ async def on_quiet(client: redis.asyncio.Redis, what: str, remaining_ms: int, ru
     return False
 
 
-def tell_quiet(client: redis.asyncio.Redis, run_id: str, what: str, remaining_ms: int) -> None:
+def tell_quiet(client: Client, run_id: str, what: str, remaining_ms: int) -> None:
     """Log a quiet period: once per client and boot at WARNING, then at DEBUG."""
     state = _state(client)
     first = state.quiet_told_for != run_id

@@ -10,7 +10,9 @@ many replicas have acknowledged every write of that connection up to and includi
 script's. (``WAIT`` inside a script does not block; sent from another connection it would
 wait for that connection's writes.) ``WAIT`` narrows what a failover can lose; it does not
 make Redis strongly consistent: a replica that acknowledged may still lose the write if it
-crashes before its own persistence catches up.
+crashes before its own persistence catches up. On a Cluster, ``WAIT`` is pinned to the node
+of the script's keys: redis-py's cluster pipeline sends one node's commands on one
+connection, in order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, final
 
 import redis.asyncio
 from redis.exceptions import NoScriptError, RedisError
+
+from .cluster import Client
 
 __all__ = ["Script", "UnconfirmedError"]
 
@@ -38,7 +42,7 @@ class Script:
 
     __slots__ = ("_client", "_source", "sha")
 
-    def __init__(self, client: redis.asyncio.Redis, source: str) -> None:
+    def __init__(self, client: Client, source: str) -> None:
         self._client = client
         self._source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
@@ -57,8 +61,13 @@ class Script:
         """The script's reply, and how many replicas acknowledged its writes (``WAIT``)."""
         for attempt in range(2):
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(self.sha, len(keys), *keys, *args)
-                pipe.execute_command("WAIT", replicas, timeout_ms)
+                # (A cluster pipeline blocks its evalsha method, not the command.)
+                pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                if isinstance(self._client, redis.asyncio.RedisCluster):
+                    node = self._client.get_node_from_key(keys[0])
+                    pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
+                else:
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
                 try:
                     reply, acknowledged = await pipe.execute()
                 except NoScriptError:

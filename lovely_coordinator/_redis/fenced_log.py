@@ -35,6 +35,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .._base.errors import InvalidArgumentTypeError, StaleFenceError
 from . import boot, scripts
+from .cluster import Client
 from .evalsha import Script
 from .keys import object_base
 from .validation import check_client, check_fence, check_key, check_sendable, require_asyncio
@@ -58,18 +59,18 @@ class FencedLog:
     """An append-only list of ``(fence, entry)`` in Redis, guarded by a fencing high-water mark.
 
     Args:
-        client: a ``redis.asyncio.Redis``.
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``.
         key: the log's name; its keys are ``{log:<key>}:entries``, ``{log:<key>}:high-water``
             and, for a minute after each append, ``{log:<key>}:receipt:<id>`` (braces and
             ``%`` in the name are escaped, see ``keys.py``).
 
     Raises:
-        InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` (a ``TypeError``
-            one), or ``key`` is not a nonempty string.
+        InvalidArgumentError: ``client`` is neither (a ``TypeError`` one), or ``key`` is
+            not a nonempty string.
         UsageError: constructed under trio (this module is asyncio-only).
     """
 
-    def __init__(self, client: redis.asyncio.Redis, key: str) -> None:
+    def __init__(self, client: Client, key: str) -> None:
         self._client = check_client(client)
         check_key(key, "key")
         check_sendable(client, "key", key)
@@ -150,8 +151,16 @@ class FencedLog:
         """The claim and the ``LRANGE``, sent together on one connection (see above).
 
         A connection that fails midway is dropped by redis-py (it may hold an unread
-        reply); the client's retry policy applies as to any command.
+        reply); the client's retry policy applies as to any command. On a Cluster, the two
+        go through redis-py's cluster pipeline (one node, one connection, in order).
         """
+        if isinstance(self._client, redis.asyncio.RedisCluster):
+            async with self._client.pipeline(transaction=False) as pipe:
+                # (The cluster pipeline blocks its evalsha method, not the command.)
+                pipe.execute_command("EVALSHA", self._claim.sha, 1, self._high_water_key, fence)
+                pipe.lrange(self._entries_key, 0, -1)
+                claimed, entries = await pipe.execute()
+            return claimed, entries
         pool: Any = self._client.connection_pool  # its methods are not typed
         try:
             connection = await pool.get_connection()

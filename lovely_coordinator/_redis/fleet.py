@@ -70,7 +70,8 @@ class RedisFleet(FleetAdmission):
     budgets and gates still apply afterwards.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` (Redis >= 7 or
+            Valkey >= 7.2).
         coordinator: the process's :class:`~lovely_coordinator.AgentCoordinator`.
         name: the fleet's name; members with the same name and prefix are one fleet.
         ttl: seconds a member's units (requests in flight) survive it; renewed every ttl/3.

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import anyio
-import redis.asyncio
 from redis.exceptions import RedisError
 
 from .._base.types import ModelTuple
 from . import boot, cancellation, fleet_scripts, generation
+from .cluster import Client
 from .evalsha import Script
 from .fleet_state import (
     FleetStatistics,
@@ -69,7 +69,7 @@ class Member:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         *,
         name: str,
         prefix: str,
@@ -104,7 +104,9 @@ class Member:
         self._leave = Script(client, fleet_scripts.LEAVE)
         self._set = Script(client, fleet_scripts.SET)
         self._stats = Script(client, fleet_scripts.STATS)
-        self.subscriber = Subscriber(client, self.channel, self._on_message, self._on_reset)
+        self.subscriber = Subscriber(
+            client, self.channel, self._on_message, self._on_reset, sharded=True
+        )
         self._deadline = math.inf
         self._wanted: anyio.Event  # a setting changed: re-read
         self._restoring = asyncio.Lock()

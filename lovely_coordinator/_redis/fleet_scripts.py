@@ -119,7 +119,7 @@ local function announce(holders, queue, limit, channel, tag)
   if window <= 0 then return end
   local last = redis.call('ZRANGE', queue, window - 1, window - 1, 'WITHSCORES')
   if #last == 0 then last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES') end
-  if #last > 0 then redis.call('PUBLISH', channel, tag .. ' ' .. last[2]) end
+  if #last > 0 then redis.call('SPUBLISH', channel, tag .. ' ' .. last[2]) end
 end
 """
 )
@@ -410,7 +410,7 @@ if op ~= 'learn' or before[1] ~= rpm or before[2] ~= tpm then
   -- Members re-read the settings, and the tuple's waiters re-try. (Not for a learned
   -- remaining amount, which only ever lowers what is available: it arrives with every
   -- response, and would wake every waiter of the fleet each time.)
-  redis.call('PUBLISH', ARGV[3], tag .. ' *')
+  redis.call('SPUBLISH', ARGV[3], tag .. ' *')
 end
 return epoch
 """

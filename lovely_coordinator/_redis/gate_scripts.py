@@ -27,7 +27,7 @@ if current >= want then
   return current - now_ms
 end
 redis.call('ZADD', KEYS[1], want, ARGV[1])
-redis.call('PUBLISH', ARGV[3], 'c ' .. ARGV[2] .. ' ' .. ARGV[1])
+redis.call('SPUBLISH', ARGV[3], 'c ' .. ARGV[2] .. ' ' .. ARGV[1])
 return tonumber(ARGV[2])
 """
 )
@@ -35,7 +35,7 @@ return tonumber(ARGV[2])
 # ARGV: member, channel
 GATE_OPEN: Final = """
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('PUBLISH', ARGV[2], 'o ' .. ARGV[1])
+redis.call('SPUBLISH', ARGV[2], 'o ' .. ARGV[1])
 return 1
 """
 

@@ -39,7 +39,6 @@ from types import TracebackType
 from typing import Any, Final, cast, final
 
 import anyio
-import redis.asyncio
 from redis.exceptions import RedisError
 
 from .._agents.coordinator import AgentCoordinator
@@ -47,6 +46,7 @@ from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError, Usage
 from .._base.types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._base.validate import as_seconds
 from . import boot, cancellation, gate_scripts, generation
+from .cluster import Client
 from .evalsha import Script
 from .keys import object_base
 from .log import describe, log
@@ -102,7 +102,7 @@ class RedisGates:
     """Keeps every replica's coordinator gates in step through Redis.
 
     Args:
-        client: a ``redis.asyncio.Redis``.
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``.
         coordinator: this replica's :class:`~lovely_coordinator.AgentCoordinator`.
         prefix: namespace of the keys and channel.
         resync_interval: seconds between periodic full resyncs.
@@ -111,7 +111,7 @@ class RedisGates:
     ``__aenter__`` (which raises the client's error if Redis cannot be reached then).
 
     Raises:
-        InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` or
+        InvalidArgumentError: ``client`` is not an asyncio redis client or
             ``coordinator`` not an ``AgentCoordinator`` (``TypeError`` ones),
             ``resync_interval`` is not a positive number of seconds up to 1e9, or
             ``prefix`` not a string.
@@ -120,7 +120,7 @@ class RedisGates:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         coordinator: AgentCoordinator,
         *,
         prefix: str = "lovely:",
@@ -142,7 +142,9 @@ class RedisGates:
         self._close_script = Script(client, gate_scripts.GATE_CLOSE)
         self._open_script = Script(client, gate_scripts.GATE_OPEN)
         self._state_script = Script(client, gate_scripts.GATE_STATE)
-        self._subscriber = Subscriber(client, self._channel, self._on_message, self._on_reset)
+        self._subscriber = Subscriber(
+            client, self._channel, self._on_message, self._on_reset, sharded=True
+        )
         # Local reopen times (anyio clock) this object set from Redis, so a resync can tell
         # its own stale closures from closures made locally by someone else, and put them
         # back if the server loses them.

@@ -45,6 +45,8 @@ from typing import Final
 
 import redis.asyncio
 
+from .cluster import Client, slot_marker
+
 __all__ = ["GENERATION_LUA", "MARKER_KEY", "TICK_MS", "marker_key"]
 
 # The marker of a standalone server (one per server, whatever the prefix: a new prefix on
@@ -56,12 +58,14 @@ TICK_MS: Final = 1000  # the most quiet time one script call may add (see above)
 _VOUCHED_MS: Final = 10**13  # quiet time that outlasts any ttl (ttls are below 1e12 ms)
 
 
-def marker_key(client: redis.asyncio.Redis, base: str) -> str:
+def marker_key(client: Client, base: str) -> str:
     """The generation marker that the scripts of the object at ``base`` check.
 
-    One per server; the scripts receive it in ``KEYS`` like the object's own keys.
+    One per server, or on a Cluster one per slot (in the slot of ``base``, see
+    ``cluster.py``); the scripts receive it in ``KEYS`` like the object's own keys.
     """
-    del client, base  # one per server (a Cluster would need one per slot)
+    if isinstance(client, redis.asyncio.RedisCluster):
+        return slot_marker(MARKER_KEY, client, base)
     return MARKER_KEY
 
 

@@ -31,9 +31,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import final
 
-import redis.asyncio
-
 from . import boot, generation, scripts
+from .cluster import Client
 from .confirm import Confirmation
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
@@ -57,7 +56,8 @@ class RedisLocker:
     """Serializes each conversation's turns across replicas; implements the turns ``Locker``.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` (Redis >= 7 or
+            Valkey >= 7.2).
         ttl: seconds a lease survives without renewal; it renews every ``ttl / 3``. Every
             replica should use the same ttl for the same prefix.
         prefix: namespace of every key and channel; lockers with different prefixes are
@@ -68,7 +68,7 @@ class RedisLocker:
             sees ``lost`` by its deadline.
 
     Raises:
-        InvalidArgumentError: ``client`` is not a ``redis.asyncio.Redis`` (a
+        InvalidArgumentError: ``client`` is not an asyncio redis client (a
             ``TypeError`` one), ``ttl`` is not a number of seconds from 0.01 to 1e9,
             ``prefix`` is not a string, or ``min_replicas`` not an int from 0 to 1000.
         UsageError: constructed under trio (this module is asyncio-only).
@@ -76,7 +76,7 @@ class RedisLocker:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         *,
         ttl: float = 30.0,
         prefix: str = "lovely:",

@@ -33,10 +33,9 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, final
 
-import redis.asyncio
-
 from .._base.validate import as_index
 from . import boot, generation, pool_scripts
+from .cluster import Client
 from .confirm import Confirmation
 from .evalsha import Script
 from .grant import FENCE_TTL_MS, MAX_RECHECK, Grant, wait_for_grant
@@ -64,7 +63,8 @@ class RedisPermitPool:
     """At most ``limit`` permits held at once across every process sharing ``name``.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (Redis >= 7 or Valkey >= 7.2).
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` (Redis >= 7 or
+            Valkey >= 7.2).
         name: the pool's name; pools with the same name and prefix are one pool. Every
             process should pass the same ``limit`` and ``ttl``.
         limit: the cap, an int from 1 to 1e9.
@@ -83,7 +83,7 @@ class RedisPermitPool:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         *,
         name: str,
         limit: int,
@@ -111,7 +111,9 @@ class RedisPermitPool:
         self._refresh_script = Script(client, pool_scripts.POOL_REFRESH)
         self._leave_script = Script(client, pool_scripts.POOL_LEAVE)
         self._watches: set[Watch] = set()
-        self._subscriber = Subscriber(client, self._channel, self._on_announce, self._on_reset)
+        self._subscriber = Subscriber(
+            client, self._channel, self._on_announce, self._on_reset, sharded=True
+        )
 
     @property
     def ttl(self) -> float:

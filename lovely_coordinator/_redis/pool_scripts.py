@@ -46,7 +46,7 @@ local function announce(limit, channel)
     last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   end
   if #last > 0 then
-    redis.call('PUBLISH', channel, last[2])
+    redis.call('SPUBLISH', channel, last[2])
   end
 end
 """

@@ -6,6 +6,11 @@ authoritative state, and ``on_reset`` (called after every (re)subscription that 
 gap) asks them to re-read everything. redis-py's asyncio ``PubSub`` may reconnect and
 resubscribe on its own; the server then confirms the subscription again, and that second
 confirmation is how a gap is noticed whoever repaired the connection.
+
+A channel is classic (``SUBSCRIBE``) or sharded (``SSUBSCRIBE``, for channels that follow
+an object's slot, see ``cluster.py``). On a Cluster the subscription is made on the node
+that serves the channel's slot, found again after every error; a sharded subscription
+that the server ends (its slot moved) is an error like any other.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from . import cancellation
+from .cluster import Client, node_client
 from .log import describe, log
 
 __all__ = ["Subscriber", "Watch", "text"]
@@ -58,23 +64,28 @@ class Subscriber:
     """Listens on ``channel`` while at least one :meth:`active` block is open.
 
     Args:
-        client: a ``redis.asyncio.Redis``; the subscription takes one connection of its pool.
-            (The listener ends with its event loop, see cancellation.py.)
+        client: a ``redis.asyncio.Redis``, whose pool lends the subscription a connection,
+            or a ``redis.asyncio.RedisCluster``. (The listener ends with its event loop,
+            see cancellation.py.)
         channel: the channel name.
         on_message: called (synchronously, on the loop) with each message's payload.
         on_reset: called when messages may have been lost (a resubscription after a gap,
             or an error); users must then re-read the state they watch.
+        sharded: a sharded channel (``SSUBSCRIBE``).
     """
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         channel: str,
         on_message: Callable[[str], object],
         on_reset: Callable[[], object],
+        *,
+        sharded: bool = False,
     ) -> None:
         self._client = client
         self._channel = channel
+        self._sharded = sharded
         self._on_message = on_message
         self._on_reset = on_reset
         self._users = 0
@@ -130,25 +141,43 @@ class Subscriber:
         with scope:
             await self._listen(ready)
 
+    def _pubsub(self) -> tuple[Any, redis.asyncio.Redis | None]:
+        """A new PubSub (its methods are not all typed), and the node client it runs on
+        (a Cluster's), to close with it."""
+        if isinstance(self._client, redis.asyncio.RedisCluster):
+            node = node_client(self._client, self._channel)
+            return node.pubsub(), node
+        return self._client.pubsub(), None
+
     async def _listen(self, ready: anyio.Event) -> None:
         failures = 0
-        pubsub: Any = self._client.pubsub()  # its methods are not all typed
         since = cancellation.mark()
+        pubsub: Any = None
+        node: redis.asyncio.Redis | None = None
+        prefix = "s" if self._sharded else ""
         try:
             while True:
                 try:
-                    await pubsub.subscribe(self._channel)
+                    pubsub, node = self._pubsub()
+                    if self._sharded:
+                        await pubsub.ssubscribe(self._channel)
+                    else:
+                        await pubsub.subscribe(self._channel)
                     cancellation.deliver(since)
                     async for message in pubsub.listen():
                         cancellation.deliver(since)
                         kind = text(message["type"])
-                        if kind == "message":
+                        if kind == f"{prefix}message":
                             self._deliver(self._on_message, text(message["data"]))
-                        elif kind == "subscribe":
+                        elif kind == f"{prefix}subscribe":
                             failures = 0
                             if ready.is_set():
                                 self._deliver(self._on_reset)  # resubscribed: messages lost?
                             ready.set()
+                        elif kind == "sunsubscribe":  # the server ended it: the slot moved
+                            raise RedisError(
+                                f"the server ended the subscription to {self._channel}"
+                            )
                 except Exception as exc:
                     # Any error, not only a connection's: a listener that died here would
                     # leave every waiter's wake-ups (and a first active() entry) hanging.
@@ -166,9 +195,26 @@ class Subscriber:
                     ready.set()
                     self._deliver(self._on_reset)
                     with anyio.CancelScope(shield=True):
-                        await pubsub.aclose()
-                    pubsub = self._client.pubsub()
+                        await _close(pubsub, node)
+                    pubsub = node = None
+                    await self._find_slot()
                     await anyio.sleep(delay)
         finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+            with anyio.CancelScope(shield=True):
+                await _close(pubsub, node)
+
+    async def _find_slot(self) -> None:
+        """On a Cluster, ask for a key of the channel's slot through the cluster client,
+        which learns where the slot moved (a failover, a resharding) on the way."""
+        if isinstance(self._client, redis.asyncio.RedisCluster):
+            with contextlib.suppress(RedisError, OSError):
+                await self._client.exists(self._channel)
+
+
+async def _close(pubsub: Any, node: redis.asyncio.Redis | None) -> None:
+    with contextlib.suppress(RedisError, OSError):
+        if pubsub is not None:
+            await pubsub.aclose()
+    with contextlib.suppress(RedisError, OSError):
+        if node is not None:
+            await node.aclose()

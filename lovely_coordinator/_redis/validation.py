@@ -11,10 +11,9 @@ import asyncio
 import sys
 from typing import Any, Final
 
-import redis.asyncio
-
 from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from .._base.validate import as_index, as_seconds
+from .cluster import CLIENT_TYPES, Client, encoder
 
 __all__ = [
     "MAX_SECONDS",
@@ -110,7 +109,7 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def check_sendable(client: redis.asyncio.Redis, what: str, *values: str) -> None:
+def check_sendable(client: Client, what: str, *values: str) -> None:
     """Refuse strings the client cannot encode (a lone surrogate, under the default UTF-8).
 
     redis-py would raise ``UnicodeEncodeError`` only when it packs the command, after the
@@ -119,36 +118,40 @@ def check_sendable(client: redis.asyncio.Redis, what: str, *values: str) -> None
     Raises:
         InvalidArgumentError: a value the client's encoding (and error handler) refuses.
     """
-    pool: Any = client.connection_pool  # its methods are not typed
-    encoder = pool.get_encoder()
+    codec: Any = encoder(client)
     for value in values:
         try:
-            encoder.encode(value)
+            codec.encode(value)
         except UnicodeError:
             raise InvalidArgumentError(
                 f"{what} must be {'a string' if len(values) == 1 else 'strings'} the client "
-                f"can encode as {encoder.encoding}"
+                f"can encode as {codec.encoding}"
             ) from None
 
 
-def check_client(client: object) -> redis.asyncio.Redis:
-    """``client`` if it is redis-py's asyncio client, and the caller is not under trio.
+def check_client(client: object) -> Client:
+    """``client`` if it is one of redis-py's asyncio clients (``redis.asyncio.Redis`` or
+    ``redis.asyncio.RedisCluster``), and the caller is not under trio.
 
     A URL, ``None`` or a *sync* ``redis.Redis`` would otherwise fail much later, with an
     ``AttributeError`` or a ``TypeError`` from deep inside a script call.
 
     Raises:
-        InvalidArgumentTypeError: anything but a ``redis.asyncio.Redis``.
+        InvalidArgumentTypeError: anything else.
         UsageError: constructed inside a running trio program.
     """
-    if not isinstance(client, redis.asyncio.Redis):
+    if not isinstance(client, CLIENT_TYPES):
         hint = ""
         if isinstance(client, str):
             hint = " (make one with redis.asyncio.Redis.from_url(url))"
         elif type(client).__module__.startswith("redis."):
-            hint = " (this module is asyncio-only: use redis.asyncio.Redis, not redis.Redis)"
+            hint = (
+                " (this module is asyncio-only: use redis.asyncio.Redis or "
+                f"redis.asyncio.RedisCluster, not redis.{type(client).__name__})"
+            )
         raise InvalidArgumentTypeError(
-            f"client must be a redis.asyncio.Redis, not {type(client).__name__}{hint}"
+            "client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, "
+            f"not {type(client).__name__}{hint}"
         )
     if _in_trio():
         raise UsageError(_TRIO_MESSAGE)

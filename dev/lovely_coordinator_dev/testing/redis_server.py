@@ -131,11 +131,20 @@ class ThrowawayServer:
     sync context manager: leaving it kills the process and removes the directory.
     """
 
-    def __init__(self, executable: str | None = None, *, clock_offset: float | None = None) -> None:
+    def __init__(
+        self,
+        executable: str | None = None,
+        *,
+        clock_offset: float | None = None,
+        cluster: bool = False,
+    ) -> None:
         self.executable = executable or find_server_executable()
         # Seconds the server's clock is off, under faketime (None: not run under it).
         self.clock_offset = clock_offset
+        # A node of a Redis Cluster (see redis_cluster.py), which declares its boots itself.
+        self.cluster = cluster
         self.port = _free_port()
+        self.bus_port = _free_port() if cluster else 0
         self._dir = tempfile.TemporaryDirectory(prefix="lovely-redis-")
         self._process: subprocess.Popen[bytes] | None = None
         self._started = False
@@ -169,6 +178,13 @@ class ThrowawayServer:
             "--daemonize", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
+        if self.cluster:
+            args += [
+                "--cluster-enabled", "yes",
+                "--cluster-port", str(self.bus_port),
+                "--cluster-config-file", os.path.join(self._dir.name, "nodes.conf"),
+                "--cluster-node-timeout", "2000",
+            ]  # fmt: skip
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -191,7 +207,8 @@ class ThrowawayServer:
             time.sleep(0.01)
         if not self._started:
             self._started = True
-            self.declare_fresh()
+            if not self.cluster:
+                self.declare_fresh()
 
     def _environment(self) -> dict[str, str] | None:
         if self.clock_offset is None:
@@ -240,11 +257,16 @@ class ThrowawayServer:
         """Stop replicating and take writes (a failover to this server)."""
         _command(self.port, "REPLICAOF", "NO", "ONE")
 
-    def declare_fresh(self) -> None:
-        """Declare the running boot fresh: no grant made before it is held anywhere."""
+    @property
+    def run_id(self) -> str:
+        """The ``run_id`` of the running boot (``INFO server``)."""
         info = _command(self.port, "INFO", "server").decode()
         (run_id,) = [line[7:].strip() for line in info.splitlines() if line.startswith("run_id:")]
-        _command(self.port, "SET", FRESH_BOOT_KEY, run_id)
+        return run_id
+
+    def declare_fresh(self) -> None:
+        """Declare the running boot fresh: no grant made before it is held anywhere."""
+        _command(self.port, "SET", FRESH_BOOT_KEY, self.run_id)
 
     def flush(self) -> None:
         """Delete every key and declare the boot fresh again (for tests that start clean)."""
