@@ -34,9 +34,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from .._base.backend import current_loop
 from .._base.errors import AdmissionTimeoutError, UsageError
@@ -160,22 +159,20 @@ class _Admission:
         if self.abandoned:
             self.done.set()
             return
+        ticket = RequestTicket(self._reject, self._tokens)
         try:
-            ticket, wait = self._core._enqueue_request(
-                self._t, self._order, self._reject, self._tokens, None
-            )
+            self._core._enqueue_request(ticket, self._t, self._order, None)
         except BaseException as exc:  # refused: TupleSuspendedError, CoordinatorBusyError
             self.error = exc
             self.done.set()
             return
         if ticket.state == GRANTED:
-            wait.close()  # the grant's checkpoint, never started: nothing to undo
-            self.ticket = ticket
+            self.ticket = ticket  # (its checkpoint is never awaited: nothing to undo)
             self.done.set()
             return
-        self._task = asyncio.get_running_loop().create_task(self._wait(ticket, wait))
+        self._task = asyncio.get_running_loop().create_task(self._wait(ticket))
 
-    async def _wait(self, ticket: RequestTicket, wait: Coroutine[Any, Any, object]) -> None:
+    async def _wait(self, ticket: RequestTicket) -> None:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -185,7 +182,7 @@ class _Admission:
         elif self._deadline is not None:
             expiry = loop.call_at(self._deadline, self._expire, task)
         try:
-            await wait
+            await ticket.wait(self._core, ticket, self._core._lock)
         except asyncio.CancelledError:
             if not self.abandoned:
                 self.error = AdmissionTimeoutError()

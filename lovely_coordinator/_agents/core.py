@@ -18,7 +18,7 @@ import anyio.lowlevel
 from .._base.config import CoordinatorConfig
 from .._base.errors import PermitReleasedError
 from .._base.types import CoordinatorStatistics, ModelTuple
-from .._base.waiter import Parker, checkpoint_or_undo
+from .._base.waiter import Parker
 from .lines import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from .scheduler import Scheduler
 from .statistics import snapshot
@@ -101,30 +101,34 @@ class CoordinatorCore:
 
     # -- taking a slot --------------------------------------------------------------------------
 
-    def _enqueue_permit(
-        self, t: ModelTuple, order: int | None, reject: bool
-    ) -> tuple[PermitTicket, Coroutine[Any, Any, object]]:
-        """A permit's place in line, and the wait to await for its slot.
+    def _park(self, ticket: Ticket) -> None:
+        """The one tail of every scheduling call that may wait (under the lock).
 
-        The wait is returned rather than awaited here, so a parked waiter costs no frame
-        of this method; granted at once, it parks nothing (``checkpoint_or_undo``).
+        Granted at once, the ticket is resolved already: its wait is just the checkpoint,
+        and a cancellation there undoes the grant (``_parker_undo``). Otherwise it waits
+        as its own parker. Either way the caller then awaits the ticket's wait
+        (``Parker.wait``, or its steps inlined), outside the lock.
         """
+        if ticket.state == GRANTED:
+            ticket.grant(True)
+        else:
+            self._clock.visit()  # a guest: it takes the timer over if home ends
+            ticket.parker = ticket
+
+    def _enqueue_permit(self, ticket: PermitTicket, t: ModelTuple, order: int | None) -> None:
+        """Place a fresh permit ``ticket`` in line; then await its wait."""
         with self._lock:
             if self._scheduler._wakeups:
                 self._follow()
-            ticket = self._scheduler.enqueue(t, order, True, reject)
-            if ticket.state == GRANTED:
-                return ticket, checkpoint_or_undo(self, ticket)
-            self._clock.visit()  # a guest: it takes the timer over if home ends
-            parker: Parker[bool] = Parker()
-            ticket.parker = parker
-        return ticket, parker.wait(self, ticket, self._lock)
+            self._scheduler.enqueue(t, order, True, ticket.reject, ticket)
+            self._park(ticket)
 
     async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
         """Wait for a permit's slot (``permit()`` does the same without this frame)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        ticket, admitted = self._enqueue_permit(t, order, reject)
-        await admitted
+        ticket = PermitTicket(reject)
+        self._enqueue_permit(ticket, t, order)
+        await ticket.wait(self, ticket, self._lock)
         return ticket
 
     # -- what permits, reservations and requests call (each under the lock) ------------------
@@ -147,26 +151,17 @@ class CoordinatorCore:
         """A reservation's run: activate its ticket and return the wait for its slot."""
         with self._lock:
             self._scheduler.activate(ticket)
-            if ticket.state == GRANTED:
-                return checkpoint_or_undo(self, ticket)
-            self._clock.visit()  # a guest: it takes the timer over if home ends
-            parker: Parker[bool] = Parker()
-            ticket.parker = parker
-        return parker.wait(self, ticket, self._lock)
+            self._park(ticket)
+        return ticket.wait(self, ticket, self._lock)
 
     def _activate(self, ticket: Ticket) -> None:
         with self._lock:
             self._scheduler.activate(ticket)
 
     def _enqueue_request(
-        self,
-        t: ModelTuple,
-        order: int | None,
-        reject: bool,
-        tokens: int,
-        cover: PermitTicket | None,
-    ) -> tuple[RequestTicket, Coroutine[Any, Any, object]]:
-        """A request's place in line, and the wait to await (see :meth:`_enqueue_permit`)."""
+        self, ticket: RequestTicket, t: ModelTuple, order: int | None, cover: PermitTicket | None
+    ) -> None:
+        """Place a fresh request ``ticket`` in line (see :meth:`_enqueue_permit`)."""
         with self._lock:
             scheduler = self._scheduler
             if scheduler._wakeups:
@@ -175,13 +170,8 @@ class CoordinatorCore:
                 state = scheduler._tuples.get(t)
                 if state is not None and state.budgeted:
                     self._follow()  # budgets read the clock: it must be this loop's
-            ticket = scheduler.enqueue_request(t, order, reject, tokens, cover)
-            if ticket.state == GRANTED:
-                return ticket, checkpoint_or_undo(self, ticket)
-            self._clock.visit()  # a guest: it takes the timer over if home ends
-            parker: Parker[bool] = Parker()
-            ticket.parker = parker
-        return ticket, parker.wait(self, ticket, self._lock)
+            scheduler.enqueue_request(t, order, ticket.reject, ticket.tokens, cover, ticket)
+            self._park(ticket)
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, ClassVar, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, final
 
 from .._base.types import ModelTuple
+from .._base.waiter import PENDING as _PENDING
+from .._base.waiter import Parker
 
 if TYPE_CHECKING:
     from .bucket import Bucket
@@ -32,6 +34,7 @@ __all__ = [
     "DONE",
     "GRANTED",
     "INACTIVE",
+    "LEFT",
     "LENT",
     "PERMITS",
     "PermitTicket",
@@ -60,6 +63,9 @@ PERMITS: Final = 0  # permits and reservations: a slot, the gate, the tuple cap
 REQUESTS: Final = 1  # model requests wanting a slot of their own: the same, plus the budget
 COVERED: Final = 2  # model requests on a permit's lent slot: a slot, the gate, calls, budget
 
+# A ticket's ``entry`` once it left a line (see Line.push).
+LEFT: Final = object()
+
 # A line is rebuilt once it holds more than this many dead entries and they are the
 # majority; below that, dead entries are cheaper to pop as they surface.
 COMPACT_MIN: Final = 64
@@ -73,7 +79,7 @@ class Wakeable(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
-class Ticket:
+class Ticket(Parker[bool]):
     """A place in line; once granted, a slot (a permit) or a call in flight (a request).
 
     Two kinds, :class:`PermitTicket` and :class:`RequestTicket`; each stores only its own
@@ -139,7 +145,7 @@ class Ticket:
     tuple_state: TupleState
     reject: bool
     line: Line | None
-    entry: Entry | None
+    entry: object  # its live occurrence in ``line`` (see Line), LEFT, or None
     bypass: bool
     parker: Wakeable | None
     error: BaseException | None
@@ -148,16 +154,21 @@ class Ticket:
     def __repr__(self) -> str:
         kind = "request" if self.request else "permit"
         state = STATE_NAMES[self.state]
-        return f"<Ticket {kind} {self.tuple_state.tuple} order={self.order} seq={self.seq} {state}>"
+        where = getattr(self, "tuple_state", None)  # unset until it takes a place in line
+        t = None if where is None else where.tuple
+        return f"<Ticket {kind} {t} order={self.order} seq={self.seq} {state}>"
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.order, self.seq)
 
 
-@final
 class PermitTicket(Ticket):
-    """A permit's or a reservation's ticket (see :class:`Ticket`)."""
+    """A permit's or a reservation's ticket (see :class:`Ticket`).
+
+    Not final: the coordinator's ``permit()`` context manager *is* its ticket (and its
+    parker), one object per call.
+    """
 
     __slots__ = ("candidates", "covering", "deferred", "lends", "origin", "parked")
 
@@ -168,12 +179,16 @@ class PermitTicket(Ticket):
     deferred: bool
     parked: bool
 
-    def __init__(self, order: int, seq: int, tuple_state: TupleState, reject: bool) -> None:
-        # Every field set here, not through super(): this runs for every acquire.
-        self.order = order
-        self.seq = seq
+    def __init__(self, reject: bool) -> None:
+        # Every field set here, not through super(): this runs for every acquire. The
+        # place in line (order, seq, tuple_state, origin) is the scheduler's to set.
+        self._state = _PENDING
+        self._value = None
+        self._error = None
+        self._sleeper = None
+        self._home = None
+        self.order = self.seq = self.origin = 0
         self.state = INACTIVE
-        self.tuple_state = tuple_state
         self.reject = reject
         self.line = None
         self.entry = None
@@ -181,7 +196,6 @@ class PermitTicket(Ticket):
         self.parker = None
         self.error = None
         self.since = None
-        self.origin = order
         self.lends = 0
         self.covering = None
         self.candidates = None
@@ -189,9 +203,8 @@ class PermitTicket(Ticket):
         self.parked = False
 
 
-@final
 class RequestTicket(Ticket):
-    """A model request's ticket (see :class:`Ticket`)."""
+    """A model request's ticket (see :class:`Ticket`; its context manager is one too)."""
 
     __slots__ = ("accepted", "cover", "covered", "tokens")
 
@@ -201,13 +214,14 @@ class RequestTicket(Ticket):
     cover: PermitTicket | None
     covered: bool
 
-    def __init__(
-        self, order: int, seq: int, tuple_state: TupleState, reject: bool, tokens: int
-    ) -> None:
-        self.order = order
-        self.seq = seq
+    def __init__(self, reject: bool, tokens: int) -> None:
+        self._state = _PENDING
+        self._value = None
+        self._error = None
+        self._sleeper = None
+        self._home = None
+        self.order = self.seq = self.accepted = 0
         self.state = INACTIVE
-        self.tuple_state = tuple_state
         self.reject = reject
         self.line = None
         self.entry = None
@@ -215,7 +229,6 @@ class RequestTicket(Ticket):
         self.parker = None
         self.error = None
         self.since = None
-        self.accepted = order
         self.tokens = tokens
         self.cover = None
         self.covered = False
@@ -233,26 +246,35 @@ class Line:
     """The queued tickets of one tuple and one kind, best ``(order, seq)`` first.
 
     Tickets usually arrive in increasing key order (fresh acceptance orders only grow),
-    so a line starts as a FIFO: a deque, appended to and popped from at O(1). The first
-    push that would break the order (an explicit, earlier acceptance order; a ticket
-    coming back with its old key) turns it into a heap, which it stays until it is empty
-    again. Both keep the best entry at index 0.
+    so a line starts as a FIFO: a deque *of the tickets themselves*, appended to and
+    popped from at O(1), with no entry object per waiter (a parked waiter's objects are
+    the coordinator's memory and its collector's work). The first push that would break
+    the order (an explicit, earlier acceptance order; a ticket coming back to a line, whose
+    dead occurrence may still be in it) turns it into a heap of ``(order, seq, ticket)``
+    entries, which it stays until it is empty again. Both keep the best at index 0.
 
     Invariants:
-        * Every ticket whose ``line`` is this line has exactly one live entry here, its
-          ``entry``; an entry is live exactly when it is its ticket's ``entry``.
-        * ``dead`` counts the entries that are not live.
-        * With ``fifo``, ``items`` is a deque sorted by key; otherwise a heap list.
+        * Every ticket whose ``line`` is this line has exactly one live occurrence here,
+          its ``entry``: the ticket itself in a FIFO, its entry tuple in a heap. An
+          occurrence is live exactly when it is its ticket's ``entry`` (and, bare, the
+          ticket's ``line`` is this one); a ticket that left a line has ``entry``
+          :data:`LEFT` until it is queued again.
+        * ``dead`` counts the occurrences that are not live.
+        * With ``fifo``, ``items`` is a deque of tickets whose live ones are sorted by key,
+          each at most ``last`` (the key of the last push); otherwise a heap of entries.
         * ``entry`` is this line's entry in the scheduler's ready heap, or None.
     """
 
-    __slots__ = ("dead", "entry", "fifo", "items", "kind", "state")
+    __slots__ = ("dead", "entry", "fifo", "items", "kind", "last", "state")
 
     def __init__(self, state: TupleState, kind: int) -> None:
         self.state = state
         self.kind = kind
-        self.items: deque[Entry] | list[Entry] = deque()
+        # A deque of tickets (fifo) or a heap list of entries: typed loosely, the two
+        # representations are the invariant's business (see above).
+        self.items: Any = deque()
         self.fifo = True
+        self.last = (0, 0)
         self.dead = 0
         self.entry: ReadyEntry | None = None
 
@@ -260,77 +282,104 @@ class Line:
         kind = ("permits", "requests", "covered")[self.kind]
         return f"<Line {self.state.tuple} {kind} {len(self.items) - self.dead} live>"
 
-    @staticmethod
-    def live(entry: Entry) -> bool:
-        return entry[2].entry is entry
+    def live(self, item: Ticket | Entry) -> bool:
+        """Whether ``item`` of ``items`` is its ticket's live occurrence."""
+        if isinstance(item, tuple):
+            return item[2].entry is item
+        return item.entry is item and item.line is self
 
     def push(self, ticket: Ticket) -> None:
         ticket.line = self
-        order, seq = ticket.order, ticket.seq
-        entry = ticket.entry = (order, seq, ticket)
         items = self.items
         if self.fifo:
-            if not items:
-                items.append(entry)
+            key = (ticket.order, ticket.seq)
+            # Only a ticket that never left a line may be stored bare: one that did may
+            # still have a dead occurrence here, which a bare push would revive.
+            if not items or (ticket.entry is None and key > self.last):
+                items.append(ticket)
+                ticket.entry = ticket
+                self.last = key
                 return
-            last = items[-1]
-            if order > last[0] or (order == last[0] and seq > last[1]):
-                items.append(entry)
-                return
-            items = self.items = list(items)  # out of order: a heap from now on
-            heapq.heapify(items)
-            self.fifo = False
-        heapq.heappush(items, entry)  # type: ignore[arg-type]
+            items = self._to_heap()
+        entry = ticket.entry = (ticket.order, ticket.seq, ticket)
+        heapq.heappush(items, entry)
+
+    def _to_heap(self) -> list[Entry]:
+        # Out of order: a heap from now on, of the live tickets only.
+        live: list[Entry] = []
+        for ticket in self.items:
+            if ticket.entry is ticket and ticket.line is self:
+                entry = ticket.entry = (ticket.order, ticket.seq, ticket)
+                live.append(entry)
+        heapq.heapify(live)
+        self.items = live
+        self.fifo = False
+        self.dead = 0
+        return live
 
     def head(self) -> Ticket | None:
-        """The best live ticket, dropping dead entries from the front."""
+        """The best live ticket, dropping dead occurrences from the front."""
         items = self.items
+        if self.fifo:
+            while items:
+                ticket: Ticket = items[0]
+                if ticket.entry is ticket and ticket.line is self:
+                    return ticket
+                items.popleft()
+                self.dead -= 1
+            return None
         while items:
             entry = items[0]
             ticket = entry[2]
             if ticket.entry is entry:
                 return ticket
-            self._drop_front()
+            heapq.heappop(items)
             self.dead -= 1
-        if not self.fifo:
-            self.items = deque()  # empty: back to the cheap mode
-            self.fifo = True
+        self.items = deque()  # empty: back to the cheap mode
+        self.fifo = True
         return None
 
-    def _drop_front(self) -> None:
-        if self.fifo:
-            self.items.popleft()  # type: ignore[union-attr]
-        else:
-            heapq.heappop(self.items)  # type: ignore[arg-type]
-
     def first(self) -> Ticket:
-        """The ticket of the front entry (the caller just saw :meth:`head` return it)."""
-        return self.items[0][2]
+        """The ticket at the front (the caller just saw :meth:`head` return it)."""
+        item = self.items[0]
+        ticket: Ticket = item if self.fifo else item[2]
+        return ticket
 
     def pop(self) -> Ticket:
         """Remove and return the head (the caller just saw :meth:`head` return it)."""
         items = self.items
-        entry = items.popleft() if self.fifo else heapq.heappop(items)  # type: ignore[union-attr,arg-type]
-        ticket = entry[2]
+        if self.fifo:
+            ticket: Ticket = items.popleft()
+        else:
+            ticket = heapq.heappop(items)[2]
         ticket.line = ticket.entry = None
         return ticket
 
     def remove(self, ticket: Ticket) -> None:
-        """Take ``ticket`` out of the line (its entry dies in place)."""
-        ticket.line = ticket.entry = None
+        """Take ``ticket`` out of the line (its occurrence dies in place)."""
+        ticket.line = None
+        ticket.entry = LEFT
         self.dead += 1
         if self.dead > COMPACT_MIN and 2 * self.dead > len(self.items):
-            live = [e for e in self.items if self.live(e)]  # keeps a FIFO's order
+            live = self.live
             if self.fifo:
-                self.items = deque(live)
+                self.items = deque(t for t in self.items if live(t))  # keeps the order
             else:
-                heapq.heapify(live)
-                self.items = live
+                kept = [e for e in self.items if live(e)]
+                heapq.heapify(kept)
+                self.items = kept
             self.dead = 0
+
+    def entries(self) -> list[Entry]:
+        """The live occurrences as ``(order, seq, ticket)``, in storage order (a FIFO's is
+        sorted, a heap's is not). O(n); a pure read, for snapshots and checks."""
+        if self.fifo:
+            return [(t.order, t.seq, t) for t in self.items if t.entry is t and t.line is self]
+        return [e for e in self.items if e[2].entry is e]
 
     def tickets(self) -> list[Ticket]:
         """The live tickets, best first (O(n log n); for snapshots and checks)."""
-        return [e[2] for e in sorted(self.items, key=_entry_key) if self.live(e)]
+        return [e[2] for e in sorted(self.entries(), key=_entry_key)]
 
 
 def _entry_key(entry: Entry) -> tuple[int, int]:

@@ -132,31 +132,40 @@ def restore(var: ContextVar[Any], frame: tuple[Any, ...], token: Token[Any]) -> 
 
 
 @final
-class PermitContext:
-    """What ``AgentCoordinator.permit`` returns (a class, not a generator: it is hot)."""
+class PermitContext(PermitTicket):
+    """What ``AgentCoordinator.permit`` returns (a class, not a generator: it is hot).
 
-    __slots__ = ("_coordinator", "_frame", "_order", "_permit", "_reject", "_t", "_token")
+    It *is* the permit's ticket, and the ticket is its own parker: one object per call
+    (the :class:`AgentPermit` handle is made only once the slot is held).
+    """
+
+    __slots__ = ("_coordinator", "_frame", "_order", "_t", "_token")
 
     def __init__(
         self, coordinator: CoordinatorCore, t: ModelTuple, order: int | None, reject: bool
     ) -> None:
+        PermitTicket.__init__(self, reject)
         self._coordinator = coordinator
         self._t = t
         self._order = order
-        self._reject = reject
-        self._permit: AgentPermit | None = None
         self._frame: _Frame | None = None
         self._token: Token[_Frame | None] | None = None
 
     async def __aenter__(self) -> AgentPermit:
-        if self._permit is not None:
+        if self.seq:  # it took a place in line already
             raise UsageError("a permit() context manager can be entered only once")
-        # The coordinator's _acquire, inlined: one coroutine frame less per parked waiter.
         coordinator = self._coordinator
         await anyio.lowlevel.checkpoint_if_cancelled()
-        ticket, admitted = coordinator._enqueue_permit(self._t, self._order, self._reject)
-        await admitted
-        permit = self._permit = AgentPermit(coordinator, ticket)
+        coordinator._enqueue_permit(self, self._t, self._order)
+        # Parker.wait, inlined: one coroutine frame less per parked waiter.
+        lock = coordinator._lock
+        try:
+            await self.sleep(lock)
+        except BaseException:
+            self.cancelled(coordinator, self, lock)
+            raise
+        self.outcome()
+        permit = AgentPermit(coordinator, self)
         frame = self._frame = (permit, coordinator, _current.get())  # _enter, inlined
         self._token = _current.set(frame)
         return permit
@@ -167,14 +176,15 @@ class PermitContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        permit = self._permit
-        assert permit is not None
-        assert self._frame is not None
-        assert self._token is not None
+        frame, token = self._frame, self._token
+        assert frame is not None
+        assert token is not None
+        self._frame = self._token = None  # (the frame holds the permit, which holds self)
         try:
-            restore(_current, self._frame, self._token)
+            restore(_current, frame, token)
         finally:
-            permit.release()
+            if self.state != DONE:
+                self._coordinator._release(self)
 
 
 @final

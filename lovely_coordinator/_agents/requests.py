@@ -109,8 +109,12 @@ class ModelRequest:
 
 
 @final
-class RequestContext:
-    """What ``AgentCoordinator.request`` returns: ``async with`` it around one call."""
+class RequestContext(RequestTicket):
+    """What ``AgentCoordinator.request`` returns: ``async with`` it around one call.
+
+    It *is* the request's ticket, and the ticket is its own parker: one object per call
+    (the :class:`ModelRequest` handle is made only once the call is admitted).
+    """
 
     __slots__ = (
         "_coordinator",
@@ -119,11 +123,9 @@ class RequestContext:
         "_frame",
         "_joined",
         "_order",
-        "_reject",
         "_request",
         "_t",
         "_token",
-        "_tokens",
     )
 
     def __init__(
@@ -135,12 +137,11 @@ class RequestContext:
         reject: bool,
         current: bool = True,
     ) -> None:
+        RequestTicket.__init__(self, reject, tokens)
         self._coordinator = coordinator
         self._current = current
         self._t = t
-        self._tokens = tokens
         self._order = order
-        self._reject = reject
         self._entered = False
         self._joined = False
         self._request: ModelRequest | None = None
@@ -170,20 +171,25 @@ class RequestContext:
                 return outer
             frame = frame[3]
         outside, order = await _admission.admit(
-            coordinator, self._t, self._tokens, self._order, self._reject
+            coordinator, self._t, self.tokens, self._order, self.reject
         )
         try:
             permit = find_permit(coordinator)
             cover = None if permit is None else permit._ticket
-            ticket, admitted = coordinator._enqueue_request(
-                self._t, order, self._reject, self._tokens, cover
-            )
-            await admitted
+            coordinator._enqueue_request(self, self._t, order, cover)
+            # Parker.wait, inlined: one coroutine frame less per parked waiter.
+            lock = coordinator._lock
+            try:
+                await self.sleep(lock)
+            except BaseException:
+                self.cancelled(coordinator, self, lock)
+                raise
+            self.outcome()
         except BaseException:
             if outside is not None:
                 outside.release(used=False)
             raise
-        request = self._request = ModelRequest(coordinator, ticket, outside)
+        request = self._request = ModelRequest(coordinator, self, outside)
         if self._current:
             frame = self._frame = (request, coordinator, task, current_request_var.get())
             self._token = current_request_var.set(frame)
@@ -198,13 +204,17 @@ class RequestContext:
         request = self._request
         assert request is not None
         if self._joined:
+            self._request = None
             return
+        frame, token = self._frame, self._token
+        # (the handle and the frame refer back to this object: no cycle outlives the call)
+        self._request = self._frame = self._token = None
         try:
-            if self._token is not None:
-                assert self._frame is not None
-                restore(current_request_var, self._frame, self._token)
+            if token is not None:
+                assert frame is not None
+                restore(current_request_var, frame, token)
         finally:
-            if request._ticket.state == GRANTED:
-                self._coordinator._release(request._ticket)
+            if self.state == GRANTED:
+                self._coordinator._release(self)
             if request._outer is not None:
                 request._outer.release(used=True)  # never waits (sent in the background)

@@ -188,13 +188,19 @@ class Scheduler(Lending):
             state.foreground[ticket] = None
 
     def enqueue(
-        self, model_tuple: ModelTuple, order: int | None, active: bool, reject: bool
+        self,
+        model_tuple: ModelTuple,
+        order: int | None,
+        active: bool,
+        reject: bool,
+        ticket: PermitTicket | None = None,
     ) -> PermitTicket:
         """A permit's (or, not ``active``, a reservation's) place in line.
 
         Arguments must already be valid. ``order`` None draws a fresh acceptance order
         (only once the request is admitted); an explicit one raises the counter. An active
-        ticket may be granted at once.
+        ticket may be granted at once. ``ticket``: a fresh ticket to place (the caller's
+        context manager, which is one), else a new one; ``reject`` is then its own.
 
         Raises:
             TupleSuspendedError: ``reject`` and the tuple's gate is closed.
@@ -225,7 +231,11 @@ class Scheduler(Lending):
             elif order > self._counter:
                 self._counter = order
             self._seq += 1
-            ticket = PermitTicket(order, self._seq, state, reject)  # (_order(), inlined)
+            if ticket is None:
+                ticket = PermitTicket(reject)
+            ticket.order = ticket.origin = order  # (_order() and _place(), inlined)
+            ticket.seq = self._seq
+            ticket.tuple_state = state
             ticket.state = GRANTED
             self.active += 1
             state.active += 1
@@ -234,7 +244,11 @@ class Scheduler(Lending):
         else:
             if self.max_queued is not None:
                 self._busy(state, active and self.active < self.limit and state.admits)
-            ticket = PermitTicket(*self._order(order), state, reject)
+            if ticket is None:
+                ticket = PermitTicket(reject)
+            ticket.order, ticket.seq = self._order(order)
+            ticket.origin = ticket.order
+            ticket.tuple_state = state
             self._queue(state, ticket)
             if active:
                 line = state.permits
@@ -271,9 +285,11 @@ class Scheduler(Lending):
         reject: bool,
         tokens: int,
         cover: PermitTicket | None,
+        ticket: RequestTicket | None = None,
     ) -> RequestTicket:
         """A model request's place in line; ``cover`` is the current permit, if any.
 
+        ``ticket``: as for :meth:`enqueue` (``reject`` and ``tokens`` are then its own).
         Raises as :meth:`enqueue`.
         """
         state = self._admit(model_tuple, reject)
@@ -289,7 +305,7 @@ class Scheduler(Lending):
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
             # the best waiter there is; granted at once, it never queues.
-            ticket = RequestTicket(*self._order(order), state, reject, tokens)
+            ticket = self._place_request(ticket, order, state, reject, tokens)
             ticket.state = GRANTED
             self.active += 1
             state.active += 1
@@ -304,7 +320,7 @@ class Scheduler(Lending):
             # A request its permit covers is never refused: that permit was admitted, and
             # covers one request at a time, so these waiters are bounded by the permits.
             self._busy(state, covered or self._would_run(state, order, tokens))
-        ticket = RequestTicket(*self._order(order), state, reject, tokens)
+        ticket = self._place_request(ticket, order, state, reject, tokens)
         self._queue(state, ticket)
         ticket.state = QUEUED
         if cover is None:
@@ -322,6 +338,21 @@ class Scheduler(Lending):
         if ticket.state == QUEUED:
             self._waits(ticket)
         self._changed()
+        return ticket
+
+    def _place_request(
+        self,
+        ticket: RequestTicket | None,
+        order: int | None,
+        state: TupleState,
+        reject: bool,
+        tokens: int,
+    ) -> RequestTicket:
+        if ticket is None:
+            ticket = RequestTicket(reject, tokens)
+        ticket.order, ticket.seq = self._order(order)
+        ticket.accepted = ticket.order
+        ticket.tuple_state = state
         return ticket
 
     def _wait_own(self, ticket: RequestTicket) -> None:
@@ -394,6 +425,7 @@ class Scheduler(Lending):
             if state == GRANTED:
                 if ticket.parked:
                     self._unpark(ticket)  # its slot is lent already: nothing to return
+                    self._forget_if_idle(ticket.tuple_state)  # (it was lent until now)
                 elif ticket.covering is not None:
                     ticket.deferred = True  # a request is in flight on its slot
                 else:

@@ -26,7 +26,7 @@ __all__ = ["check_invariants", "peek", "peek_wakeup"]
 
 def peek(line: Line) -> Ticket | None:
     """The best live ticket of ``line``, without touching it."""
-    live = [e for e in line.items if line.live(e)]
+    live = line.entries()
     return min(live, key=lambda e: (e[0], e[1]))[2] if live else None
 
 
@@ -42,7 +42,7 @@ def _held_back(state: TupleState, ticket: Ticket) -> bool:
 
 
 def _check_line(line: Line, state: TupleState) -> None:
-    live = [e for e in line.items if line.live(e)]
+    live = line.entries()
     assert len(line.items) - len(live) == line.dead, f"dead count of {line}"
     for entry in live:
         assert entry[2].line is line, f"{entry[2]} is live in {line} but not its line"
@@ -54,11 +54,14 @@ def _check_line(line: Line, state: TupleState) -> None:
         assert not ticket.bypass
         assert ticket.request == (line.kind != 0), f"{ticket} in {line}"
         assert ticket.covered == (line.kind == 2), f"{ticket} in {line}"
-    items = list(line.items)
     if line.fifo:
-        for i in range(1, len(items)):
-            assert items[i - 1][:2] < items[i][:2], f"FIFO order of {line}"
+        for item in line.items:
+            assert not isinstance(item, tuple), f"an entry in FIFO {line}"
+        for i in range(1, len(live)):
+            assert live[i - 1][:2] < live[i][:2], f"FIFO order of {line}"
+        assert all(e[:2] <= line.last for e in live), f"FIFO last key of {line}"
     else:
+        items = list(line.items)
         for i in range(1, len(items)):
             assert items[(i - 1) // 2][:2] <= items[i][:2], f"heap order of {line}"
 
@@ -89,9 +92,8 @@ def check_invariants(engine: Engine) -> None:
             assert ticket.since is not None, f"inactive {ticket} without its enqueue time"
         assert state.lent >= 0
         for line in (state.permits, state.requests, state.covered):
-            for item in line.items:
-                if line.live(item):
-                    assert item[2].since is not None, f"{item[2]} queued without its time"
+            for item in line.entries():
+                assert item[2].since is not None, f"{item[2]} queued without its time"
         if not state.open and state.reopens_at is not None:
             assert _has_wakeup(engine, state.reopens_at, GATE, state), f"no reopen: {state}"
         block = state.block
@@ -114,10 +116,8 @@ def check_invariants(engine: Engine) -> None:
             assert id(entry) in ready_entries, f"{line} entry not in the ready heap"
         # Rule L: a waiting covered request's cover is held and parked, and it ranks
         # at the better of its own order and its cover's.
-        for waiting in state.covered.items:
+        for waiting in state.covered.entries():
             ticket = waiting[2]
-            if not state.covered.live(waiting):
-                continue
             covered += 1
             cover = ticket.cover
             assert cover is not None, f"{ticket}: no cover"
@@ -126,12 +126,11 @@ def check_invariants(engine: Engine) -> None:
             assert cover.covering is ticket, f"{ticket}: cover covers another"
             assert ticket.order == min(ticket.accepted, cover.order), f"{ticket}: rank"
         # A held permit that covers nothing has no waiting candidate.
-        for waiting in state.requests.items:
+        for waiting in state.requests.entries():
             ticket = waiting[2]
             cover = ticket.cover
-            if state.requests.live(waiting):
-                assert ticket.order == ticket.accepted, f"{ticket}: ranked off its cover"
-            if not state.requests.live(waiting) or cover is None:
+            assert ticket.order == ticket.accepted, f"{ticket}: ranked off its cover"
+            if cover is None:
                 continue
             if cover.state == GRANTED and cover.covering is None:
                 raise AssertionError(f"{ticket} waits although its cover {cover} is free")

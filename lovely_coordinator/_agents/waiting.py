@@ -65,16 +65,10 @@ class WaiterStatistics:
 
 def _first_live(line: Line, count: int) -> list[Entry]:
     """The ``count`` best live entries of ``line``, best first."""
-    live = line.live
-    if line.fifo:  # sorted already: the front is the best (dead ones are skipped)
-        found = []
-        for entry in line.items:
-            if live(entry):
-                found.append(entry)
-                if len(found) == count:
-                    break
-        return found
-    return heapq.nsmallest(count, (e for e in line.items if live(e)), key=_key)
+    live = line.entries()
+    if line.fifo:  # sorted already: the front is the best
+        return live[:count]
+    return heapq.nsmallest(count, live, key=_key)
 
 
 def _key(entry: Entry) -> tuple[int, int]:

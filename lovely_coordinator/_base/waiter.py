@@ -34,12 +34,13 @@ import asyncio
 import contextlib
 import sys
 import threading
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Final, Generic, Protocol, TypeVar, final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .backend import trio_running
 
-__all__ = ["CancelHandler", "Parker", "checkpoint_or_undo"]
+__all__ = ["PENDING", "CancelHandler", "Parker"]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -55,7 +56,8 @@ class CancelHandler(Protocol[K_contra, T_contra]):
     def _parker_undo(self, key: K_contra, value: T_contra, /) -> object: ...
 
 
-_PENDING: Final = 0
+PENDING: Final = 0  # (exported for subclasses whose __init__ sets the fields inline)
+_PENDING: Final = PENDING
 _GRANTED: Final = 1
 _FAILED: Final = 2
 _CLOSED: Final = 3  # the waiter left (cancelled) and its callbacks already ran
@@ -63,9 +65,12 @@ _CLOSED: Final = 3  # the waiter left (cancelled) and its callbacks already ran
 _NO_LOCK: Final = nullcontext()
 
 
-@final
 class Parker(Generic[T]):
     """One task parked until a synchronous owner grants it a value or fails it.
+
+    A base class, so that the owner's record of a waiter can *be* its parker (the
+    coordinator's tickets are: one object per waiter instead of two); on its own it is a
+    plain one-shot parker.
 
     Invariants:
         * ``_state`` only moves forward: PENDING → GRANTED | FAILED, and then → CLOSED
@@ -99,19 +104,19 @@ class Parker(Generic[T]):
         assert self._state == _PENDING, "a parker is granted at most once"
         self._state = _GRANTED
         self._value = value
-        self._wake()
+        if self._sleeper is not None:
+            self._wake()
 
     def fail(self, error: BaseException) -> None:
         """Make the waiter raise ``error``. Sync; the waiter holds nothing afterwards."""
         assert self._state == _PENDING, "a parker is resolved at most once"
         self._state = _FAILED
         self._error = error
-        self._wake()
+        if self._sleeper is not None:
+            self._wake()
 
     def _wake(self) -> None:
         sleeper = self._sleeper
-        if sleeper is None:
-            return  # not asleep yet: wait() will see the state and not sleep
         self._sleeper = None
         if isinstance(sleeper, asyncio.Future):
             loop = sleeper.get_loop()
@@ -147,7 +152,9 @@ class Parker(Generic[T]):
         """Wait for the grant and return its value, or raise the failure.
 
         Always a checkpoint: it yields (and may be cancelled) even when the outcome is
-        already there.
+        already there. The whole wait is these three steps; a hot caller may inline them
+        (``await p.sleep(lock)``, ``p.cancelled(...)`` on any exception, ``p.outcome()``)
+        to save this coroutine's frame per parked waiter.
 
         Args:
             owner: told if the wait is cancelled: ``owner._parker_abort(key)`` before any
@@ -161,42 +168,52 @@ class Parker(Generic[T]):
                 (the grant may come from another thread).
         """
         try:
-            # The sleep is inlined (not a helper coroutine): one frame less per waiter.
-            if trio_running():
-                lowlevel = sys.modules["trio"].lowlevel
-                if self._state != _PENDING:
-                    await lowlevel.checkpoint()  # resolved already: just the checkpoint
-                else:
-                    with lock:  # decided under the lock: a grant may come from a thread
-                        park = self._state == _PENDING
-                        if park:
-                            self._home = (lowlevel.current_trio_token(), threading.get_ident())
-                            self._sleeper = lowlevel.current_task()
-                    if park:
-                        await lowlevel.wait_task_rescheduled(self._trio_abort)
-                    else:
-                        await lowlevel.checkpoint()
-            elif self._state != _PENDING:
-                await asyncio.sleep(0)  # resolved already: just the checkpoint
-            else:
-                future = asyncio.get_running_loop().create_future()
-                with lock:
-                    if self._state == _PENDING:
-                        self._sleeper = future
-                    else:
-                        future.set_result(None)
-                await future
+            await self.sleep(lock)
         except BaseException:
-            with lock:
-                state = self._state
-                self._state = _CLOSED
-                self._sleeper = None
-                if state == _PENDING:
-                    owner._parker_abort(key)
-                elif state == _GRANTED:
-                    value, self._value = self._value, None
-                    owner._parker_undo(key, value)  # type: ignore[arg-type]
+            self.cancelled(owner, key, lock)
             raise
+        return self.outcome()
+
+    def sleep(self, lock: AbstractContextManager[object] = _NO_LOCK) -> Awaitable[object]:
+        """What the waiter awaits: the sleep until the grant, or (resolved already) just a
+        checkpoint. The backend's own cheapest wait: a bare future on asyncio,
+        ``wait_task_rescheduled`` on trio; whether to sleep is decided under ``lock``."""
+        if trio_running():
+            lowlevel = sys.modules["trio"].lowlevel
+            if self._state == _PENDING:
+                with lock:  # decided under the lock: a grant may come from a thread
+                    if self._state == _PENDING:
+                        self._home = (lowlevel.current_trio_token(), threading.get_ident())
+                        self._sleeper = lowlevel.current_task()
+                        return lowlevel.wait_task_rescheduled(self._trio_abort)  # type: ignore[no-any-return]
+            return lowlevel.checkpoint()  # type: ignore[no-any-return]
+        if self._state != _PENDING:
+            return asyncio.sleep(0)  # resolved already: just the checkpoint
+        future = asyncio.get_running_loop().create_future()
+        with lock:
+            if self._state == _PENDING:
+                self._sleeper = future
+            else:
+                future.set_result(None)
+        return future
+
+    def cancelled(
+        self, owner: CancelHandler[K, T], key: K, lock: AbstractContextManager[object] = _NO_LOCK
+    ) -> None:
+        """The wait was cancelled (or failed): tell the owner, before the exception
+        propagates, whether to drop the queued waiter or to undo its grant."""
+        with lock:
+            state = self._state
+            self._state = _CLOSED
+            self._sleeper = None
+            if state == _PENDING:
+                owner._parker_abort(key)
+            elif state == _GRANTED:
+                value, self._value = self._value, None
+                owner._parker_undo(key, value)  # type: ignore[arg-type]
+
+    def outcome(self) -> T:
+        """After the sleep: the granted value, or the failure raised."""
         if self._state == _FAILED:
             error, self._error = self._error, None
             assert error is not None
@@ -218,20 +235,3 @@ class Parker(Generic[T]):
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-async def checkpoint_or_undo(owner: CancelHandler[K, bool], key: K) -> None:
-    """The checkpoint of a wait that was granted at once, without parking anything.
-
-    Exactly :meth:`Parker.wait` on a parker granted ``True`` before the wait, minus the
-    parker: the uncontended path of every acquire. A cancellation that lands here
-    undoes the grant (``owner._parker_undo(key, True)``) before it propagates.
-    """
-    try:
-        if trio_running():
-            await sys.modules["trio"].lowlevel.checkpoint()
-        else:
-            await asyncio.sleep(0)
-    except BaseException:
-        owner._parker_undo(key, True)
-        raise

@@ -9,13 +9,21 @@ Every target is a ratio or a bound measured in the same run, so machine speed ca
    closed, drained one grant at a time (``cancel()`` of the granted reservation hands the
    slot on), 10k against 100k;
 4. memory per queued waiter at 100k, with ``tracemalloc``: a reservation, and a parked
-   ``acquire`` (its task's own cost subtracted by parking the same tasks on an event).
+   ``acquire`` (its task's own cost subtracted by parking the same tasks on an event);
+5. what a waiter costs the collector and the interpreter: GC-tracked objects per parked
+   ``permit()`` waiter (its task's included) and Python calls per contended hand-off,
+   against ``asyncio.Semaphore`` measured the same way.
+
+The timings 1 and 2 are reported twice: as they are, and with the collector frozen
+(``gc.freeze()`` after setup), which takes the collections that the waiters' objects
+trigger out of the figure, so that what remains is the scheduling code itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,8 +44,14 @@ __all__ = ["run"]
 _T = ModelTuple("bench", "model")
 
 
-def _race(bodies: list[Callable[[], Awaitable[None]]], repeats: int) -> list[float]:
-    """The best time of each body on asyncio, run interleaved so drift hits all alike."""
+def _race(
+    bodies: list[Callable[[], Awaitable[None]]], repeats: int, *, frozen: bool = False
+) -> list[float]:
+    """The best time of each body on asyncio, run interleaved so drift hits all alike.
+
+    ``frozen``: with ``gc.freeze()`` after the setup (every object alive before the run
+    is left out of collections), so collections cost only what the run allocates.
+    """
     best = [float("inf")] * len(bodies)
     for _ in range(repeats):
         for i, body in enumerate(bodies):
@@ -48,8 +62,14 @@ def _race(bodies: list[Callable[[], Awaitable[None]]], repeats: int) -> list[flo
                 await body()
                 return time.perf_counter() - start
 
-            # The minimum is the least noisy estimate of what the code itself costs.
-            best[i] = min(best[i], anyio.run(main, backend="asyncio"))
+            if frozen:
+                gc.freeze()
+            try:
+                # The minimum is the least noisy estimate of what the code itself costs.
+                best[i] = min(best[i], anyio.run(main, backend="asyncio"))
+            finally:
+                if frozen:
+                    gc.unfreeze()
     return best
 
 
@@ -98,40 +118,38 @@ def _same(
 def _contended_figures(quick: bool) -> list[Figure]:
     tasks = 2_000 if quick else 20_000
     repeats = 3 if quick else 7
-    ours, semaphore, limiter = _race(
-        [
-            _contended(lambda: _coordinator(8), tasks),
-            _contended(lambda: _same(asyncio.Semaphore(8)), tasks),
-            _contended(lambda: _same(anyio.CapacityLimiter(8)), tasks),
-        ],
-        repeats,
-    )
+    bodies = [
+        _contended(lambda: _coordinator(8), tasks),
+        _contended(lambda: _same(asyncio.Semaphore(8)), tasks),
+        _contended(lambda: _same(anyio.CapacityLimiter(8)), tasks),
+    ]
+    ours, semaphore, limiter = _race(bodies, repeats)
+    still, still_semaphore, still_limiter = _race(bodies, repeats, frozen=True)
+    note = "the semaphore honours no anyio cancel scope, order, context or statistics"
     return [
         Figure(f"contended hand-off, {tasks} tasks, cap 8", ours / tasks * 1e6, "us/task"),
-        Figure(
-            "  vs asyncio.Semaphore",
-            ours / semaphore,
-            "x",
-            1.15,
-            "the semaphore honours no anyio cancel scope, order, context or statistics",
-        ),
+        Figure("  vs asyncio.Semaphore", ours / semaphore, "x", 1.15, note),
         Figure("  vs anyio.CapacityLimiter", ours / limiter, "x", 1.0),
+        Figure("  gc frozen", still / tasks * 1e6, "us/task"),
+        Figure("    vs asyncio.Semaphore", still / still_semaphore, "x", 1.05),
+        Figure("    vs anyio.CapacityLimiter", still / still_limiter, "x", 1.0),
     ]
 
 
 def _uncontended_figures(quick: bool) -> list[Figure]:
     loops = 5_000 if quick else 50_000
     repeats = 3 if quick else 7
-    ours, limiter = _race(
-        [
-            _uncontended(lambda: _coordinator(8), loops),
-            _uncontended(lambda: _same(anyio.CapacityLimiter(8)), loops),
-        ],
-        repeats,
-    )
+    bodies = [
+        _uncontended(lambda: _coordinator(8), loops),
+        _uncontended(lambda: _same(anyio.CapacityLimiter(8)), loops),
+    ]
+    ours, limiter = _race(bodies, repeats)
+    still, still_limiter = _race(bodies, repeats, frozen=True)
     return [
         Figure("uncontended acquire+release", ours / loops * 1e6, "us/op"),
-        Figure("  vs anyio.CapacityLimiter", ours / limiter, "x", 1.0),
+        Figure("  vs anyio.CapacityLimiter", ours / limiter, "x", 0.95),
+        Figure("  gc frozen", still / loops * 1e6, "us/op"),
+        Figure("    vs anyio.CapacityLimiter", still / still_limiter, "x", 0.95),
     ]
 
 
@@ -233,6 +251,87 @@ def _memory_figures(quick: bool) -> list[Figure]:
     ]
 
 
+async def _tracked_while_parked(
+    waiters: int, park: Callable[[], Coroutine[Any, Any, object]], unblock: Callable[[], object]
+) -> float:
+    """GC-tracked objects per task while ``waiters`` tasks are blocked in ``park()``."""
+    gc.collect()
+    before = len(gc.get_objects())
+    async with anyio.create_task_group() as tg:
+        for _ in range(waiters):
+            tg.start_soon(park)
+        await anyio.wait_all_tasks_blocked()
+        gc.collect()
+        tracked = len(gc.get_objects()) - before
+        unblock()
+    # An object the runtime made once along the way (a cache entry) is not the waiters'.
+    return round(tracked / waiters, 2)
+
+
+def _objects_per_waiter(waiters: int) -> tuple[float, float]:
+    """GC-tracked objects per parked waiter, its task's included: ``permit()`` and
+    ``asyncio.Semaphore``, each behind one holder."""
+
+    async def main() -> tuple[float, float]:
+        coordinator = create_agent_coordinator(1)
+        blocker = await coordinator.acquire(_T)
+
+        async def permit() -> None:
+            async with coordinator.permit(_T):
+                pass
+
+        ours = await _tracked_while_parked(waiters, permit, blocker.release)
+        semaphore = asyncio.Semaphore(1)
+        await semaphore.acquire()
+
+        async def acquire() -> None:
+            async with semaphore:
+                pass
+
+        theirs = await _tracked_while_parked(waiters, acquire, semaphore.release)
+        return ours, theirs
+
+    return anyio.run(main, backend="asyncio")
+
+
+def _calls_per_hand_off(
+    make: Callable[[], Callable[[], AbstractAsyncContextManager[object]]], tasks: int
+) -> float:
+    """Python calls (profiler ``call`` events: functions, and resumed coroutines) per
+    task of the contended benchmark, the event loop's and anyio's included."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    async def main() -> None:
+        body = _contended(make, tasks)
+        sys.setprofile(count)
+        try:
+            await body()
+        finally:
+            sys.setprofile(None)
+
+    anyio.run(main, backend="asyncio")
+    return calls / tasks
+
+
+def _cost_figures(quick: bool) -> list[Figure]:
+    waiters = 2_000 if quick else 20_000
+    ours, semaphore = _objects_per_waiter(waiters)
+    tasks = 2_000 if quick else 10_000
+    calls = _calls_per_hand_off(lambda: _coordinator(8), tasks)
+    semaphore_calls = _calls_per_hand_off(lambda: _same(asyncio.Semaphore(8)), tasks)
+    return [
+        Figure("GC-tracked objects per parked waiter", ours, "objects", semaphore),
+        Figure("  asyncio.Semaphore's (the target)", semaphore, "objects"),
+        Figure("Python calls per contended hand-off", calls, "calls"),
+        Figure("  asyncio.Semaphore's", semaphore_calls, "calls"),
+    ]
+
+
 def run(quick: bool) -> list[Figure]:
     """All figures of the core section (``quick``: smaller sizes, for a smoke run)."""
     return [
@@ -240,4 +339,5 @@ def run(quick: bool) -> list[Figure]:
         *_uncontended_figures(quick),
         *_scaling_figures(quick),
         *_memory_figures(quick),
+        *_cost_figures(quick),
     ]
