@@ -1,14 +1,14 @@
 """The shells around the flow: a gate's settings, and how each kind of transport performs
 the flow's steps (``_flow``) — with ``await`` for async clients, blocking for sync ones.
 
-Both httpx generations have the same request, response and stream shapes but separate
-classes; :func:`watchers` builds the metered body streams for one generation's classes,
-so a transport module only names its library.
+One constructor and one loop serve all four transports (async and sync, ``httpx2`` and the
+older ``httpx``): a public transport only names its library's pieces (``_bodies``) and its
+default wrapped transport.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
@@ -16,7 +16,6 @@ from lovely_coordinator_limits import (
     ModelTupleLike,
     ProviderLimitHandler,
     Tokenizer,
-    UsageMeter,
     as_model_tuple,
     estimate_tokens,
 )
@@ -29,11 +28,12 @@ from lovely_coordinator import (
     get_agent_coordinator,
 )
 
+from ._bodies import Generation, Watch
 from ._flow import Admit, Admitted, Call, Discard, Read, ResponseLike, Send, Step, exchange
 from ._flow import pool_timeout as pool_timeout_of
-from ._tuples import RequestLike, tuple_for_request
+from ._tuples import DEFAULT_PROVIDERS, RequestLike, tuple_for_request
 
-__all__ = ["AsyncGated", "Gate", "SyncGated", "Watch", "watchers"]
+__all__ = ["AsyncGated", "Gate", "SyncGated"]
 
 _ATTEMPTS_MESSAGE = "max_attempts must be a positive integer"
 
@@ -41,10 +41,7 @@ RequestT = TypeVar("RequestT", bound=RequestLike)
 ResponseT = TypeVar("ResponseT", bound=ResponseLike)
 _RequestIn = TypeVar("_RequestIn", bound=RequestLike, contravariant=True)
 _ResponseOut = TypeVar("_ResponseOut", bound=ResponseLike, covariant=True)
-
-Watch = Callable[[Any, Call], bool]
-"""Wraps a response's body so that reading it feeds the call's meter and closing it ends
-the call; ``False`` when the body is not a stream it can wrap."""
+_T = TypeVar("_T")
 
 
 @final
@@ -130,11 +127,50 @@ class _SyncInner(Protocol[_RequestIn, _ResponseOut]):
     def close(self) -> None: ...
 
 
-class _Shared(Generic[RequestT, ResponseT]):
-    """What every transport kind exposes; subclasses set ``_gate`` and ``_pool_timeout``."""
+InnerT = TypeVar("InnerT")
+_AsyncInnerT = TypeVar("_AsyncInnerT", bound="_AsyncInner[Any, Any]")
+_SyncInnerT = TypeVar("_SyncInnerT", bound="_SyncInner[Any, Any]")
 
-    _gate: Gate[RequestT, ResponseT]
-    _pool_timeout: type[Exception]  # the library's PoolTimeout
+
+class _Shared(Generic[RequestT, ResponseT, InnerT]):
+    """The constructor of every transport, and what every kind exposes.
+
+    A public transport names its library's pieces: ``_generation`` (``_bodies.generation``)
+    and ``_new_inner``, which builds the wrapped transport when none is passed.
+    """
+
+    _generation: Generation
+    _new_inner: Callable[[], InnerT]
+
+    def __init__(
+        self,
+        coordinator: AgentCoordinator | None = None,
+        *,
+        transport: InnerT | None = None,
+        handler: ProviderLimitHandler | None = None,
+        tuple_for: Callable[[RequestT], ModelTupleLike | None] | None = None,
+        providers: Mapping[str, str] = DEFAULT_PROVIDERS,
+        reject_on_closed_tuple: bool = False,
+        max_attempts: int = 5,
+        learn_budgets: bool = True,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        """The arguments are documented on the class (``CoordinatedTransport``)."""
+        self._gate: Gate[RequestT, ResponseT] = Gate(
+            coordinator,
+            handler,
+            tuple_for,
+            providers,
+            self._watch(),
+            reject_on_closed_tuple=reject_on_closed_tuple,
+            max_attempts=max_attempts,
+            learn_budgets=learn_budgets,
+            tokenizer=tokenizer,
+        )
+        self._inner = transport if transport is not None else self._new_inner()
+
+    def _watch(self) -> Watch:
+        raise NotImplementedError  # pragma: no cover - each kind says
 
     @property
     def coordinator(self) -> AgentCoordinator:
@@ -156,14 +192,16 @@ class _Shared(Generic[RequestT, ResponseT]):
             f"{step.t.provider}/{step.t.model}: not admitted by the coordinator within the "
             f"pool timeout ({step.timeout:g} s)"
         )
-        return self._pool_timeout(message, request=request)  # type: ignore[call-arg]
+        return self._generation.pool_timeout(message, request=request)  # type: ignore[call-arg]
 
 
-class AsyncGated(_Shared[RequestT, ResponseT]):
+class AsyncGated(_Shared[RequestT, ResponseT, _AsyncInnerT]):
     """The async transports: each step awaited."""
 
-    _inner: _AsyncInner[RequestT, ResponseT]
     _sync_name: str  # the sync transport to use instead, for the error message
+
+    def _watch(self) -> Watch:
+        return self._generation.watch_async
 
     async def handle_async_request(self, request: RequestT) -> ResponseT:
         """Send ``request`` through the coordinator (see ``CoordinatedTransport``).
@@ -173,20 +211,7 @@ class AsyncGated(_Shared[RequestT, ResponseT]):
             TupleSuspendedError: the tuple is closed and ``reject_on_closed_tuple`` is set.
             CoordinatorBusyError: the coordinator's ``max_queued`` waiters already wait.
         """
-        flow = self._gate.flow(request)
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                result: ResponseT = stop.value
-                return result
-            value = error = None
-            try:
-                value = await self._perform(step, request)
-            except BaseException as exc:  # thrown into the flow, which cleans up
-                error = exc
+        return await _drive(self._gate.flow(request), lambda step: self._perform(step, request))
 
     async def _perform(self, step: Step, request: RequestT) -> Any:
         if isinstance(step, Send):
@@ -218,7 +243,9 @@ class AsyncGated(_Shared[RequestT, ResponseT]):
                 model_request = await context.__aenter__()
         except TimeoutError:
             raise self._timed_out(step, request) from None
-        return Admitted(model_request, lambda: _exit_now(context))
+        # A request context's exit never waits (it releases under the coordinator's
+        # lock), so it can run where nothing may be awaited: a sync close, a finalizer.
+        return Admitted(model_request, lambda: _finish(context.__aexit__(None, None, None)))
 
     def handle_request(self, request: object) -> Any:
         """A sync client called this async transport: it says which one to use."""
@@ -243,11 +270,13 @@ class AsyncGated(_Shared[RequestT, ResponseT]):
         await self._inner.aclose()
 
 
-class SyncGated(_Shared[RequestT, ResponseT]):
+class SyncGated(_Shared[RequestT, ResponseT, _SyncInnerT]):
     """The sync transports: each step blocks its thread (admission: ``request_sync``)."""
 
-    _inner: _SyncInner[RequestT, ResponseT]
     _async_name: str  # the async transport to use instead, for the error message
+
+    def _watch(self) -> Watch:
+        return self._generation.watch_sync
 
     def handle_request(self, request: RequestT) -> ResponseT:
         """Send ``request`` through the coordinator (see ``CoordinatedSyncTransport``).
@@ -259,20 +288,13 @@ class SyncGated(_Shared[RequestT, ResponseT]):
             UsageError: called in a thread that runs an event loop (blocking it could
                 stop the very release the call waits for): use the async transport.
         """
-        flow = self._gate.flow(request)
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                result: ResponseT = stop.value
-                return result
-            value = error = None
-            try:
-                value = self._perform(step, request)
-            except BaseException as exc:  # thrown into the flow, which cleans up
-                error = exc
+
+        # The async shell's loop, driving steps that block instead of suspending: the
+        # coroutine runs to its end in one send, with no event loop.
+        async def perform(step: Step) -> Any:
+            return self._perform(step, request)
+
+        return _finish(_drive(self._gate.flow(request), perform))
 
     def _perform(self, step: Step, request: RequestT) -> Any:
         if isinstance(step, Send):
@@ -321,112 +343,32 @@ class SyncGated(_Shared[RequestT, ResponseT]):
         self._inner.close()
 
 
-def _exit_now(context: Any) -> None:
-    # A request context's exit never waits (it releases under the coordinator's lock), so
-    # it can run where nothing may be awaited: a sync close, a finalizer.
-    step = context.__aexit__(None, None, None)
+async def _drive(
+    flow: Generator[Step, Any, ResponseT], perform: Callable[[Step], Awaitable[Any]]
+) -> ResponseT:
+    """Run ``flow``: perform each step it yields and send the result back, or throw the
+    failure in (the flow cleans up); its return value is the response."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            result: ResponseT = stop.value
+            return result
+        value = error = None
+        try:
+            value = await perform(step)
+        except BaseException as exc:  # thrown into the flow, which cleans up
+            error = exc
+
+
+def _finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine that never suspends to its end, where nothing may be awaited."""
     try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()  # pragma: no cover - the core's exit never suspends
-    raise AssertionError("a request context's exit waited")  # pragma: no cover
-
-
-# -- metered bodies ------------------------------------------------------------------------------
-
-
-@final
-class _Chunks:
-    """An async body's iterator, feeding the meter (a class, not an async generator:
-    nothing of ours is left to finalize when a reader abandons the body half-way)."""
-
-    __slots__ = ("_chunks", "_meter")
-
-    def __init__(self, chunks: AsyncIterator[bytes], meter: UsageMeter) -> None:
-        self._chunks = chunks
-        self._meter = meter
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._chunks.__anext__()
-        self._meter.feed(chunk)
-        return chunk
-
-
-@final
-class _SyncChunks:
-    """A sync body's iterator, feeding the meter."""
-
-    __slots__ = ("_chunks", "_meter")
-
-    def __init__(self, chunks: Iterator[bytes], meter: UsageMeter) -> None:
-        self._chunks = chunks
-        self._meter = meter
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    def __next__(self) -> bytes:
-        chunk = next(self._chunks)
-        self._meter.feed(chunk)
-        return chunk
-
-
-def watchers(library: Any) -> tuple[Watch, Watch]:
-    """The async and sync body wrappers for ``library`` (``httpx2`` or ``httpx``), whose
-    responses accept only its own stream classes."""
-
-    class Metered(library.AsyncByteStream):  # type: ignore[misc]
-        """A response body whose chunks feed the call's meter; closing it ends the call."""
-
-        def __init__(self, stream: Any, meter: UsageMeter, call: Call) -> None:
-            self._stream = stream
-            self._meter = meter
-            self._call = call
-
-        def __aiter__(self) -> AsyncIterator[bytes]:
-            return _Chunks(self._stream.__aiter__(), self._meter)
-
-        async def aclose(self) -> None:
-            try:
-                # Shielded so a cancelled reader still hands its connection back to the pool.
-                with anyio.CancelScope(shield=True):
-                    await self._stream.aclose()
-            finally:
-                self._call.close()
-
-    class MeteredSync(library.SyncByteStream):  # type: ignore[misc]
-        """The same for a sync client's body."""
-
-        def __init__(self, stream: Any, meter: UsageMeter, call: Call) -> None:
-            self._stream = stream
-            self._meter = meter
-            self._call = call
-
-        def __iter__(self) -> Iterator[bytes]:
-            return _SyncChunks(iter(self._stream), self._meter)
-
-        def close(self) -> None:
-            try:
-                self._stream.close()
-            finally:
-                self._call.close()
-
-    def watch_async(response: Any, call: Call) -> bool:
-        stream = response.stream
-        if not isinstance(stream, library.AsyncByteStream):
-            return False
-        response.stream = Metered(stream, call.meter(response.headers), call)
-        return True
-
-    def watch_sync(response: Any, call: Call) -> bool:
-        stream = response.stream
-        if not isinstance(stream, library.SyncByteStream):
-            return False
-        response.stream = MeteredSync(stream, call.meter(response.headers), call)
-        return True
-
-    return watch_async, watch_sync
+        coroutine.send(None)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
+    coroutine.close()  # pragma: no cover - callers pass coroutines that never suspend
+    raise AssertionError("a coroutine that never suspends suspended")  # pragma: no cover

@@ -3,24 +3,23 @@ the coordinator, for ``httpx2`` clients (async and sync)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import final
 
 import httpx2
-from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
 
-from lovely_coordinator import AgentCoordinator
-
-from ._gate import AsyncGated, Gate, SyncGated, watchers
-from ._tuples import DEFAULT_PROVIDERS, TupleFor
+from ._bodies import generation
+from ._gate import AsyncGated, SyncGated
 
 __all__ = ["CoordinatedSyncTransport", "CoordinatedTransport"]
 
-_WATCH_ASYNC, _WATCH_SYNC = watchers(httpx2)
+_GENERATION = generation(httpx2)
 
 
 @final
-class CoordinatedTransport(AsyncGated[httpx2.Request, httpx2.Response], httpx2.AsyncBaseTransport):
+class CoordinatedTransport(
+    AsyncGated[httpx2.Request, httpx2.Response, httpx2.AsyncBaseTransport],
+    httpx2.AsyncBaseTransport,
+):
     """An httpx2 transport that sends each model request through the coordinator.
 
     Each model call is mapped to a ``(provider, model)`` tuple (by default: the provider
@@ -71,38 +70,15 @@ class CoordinatedTransport(AsyncGated[httpx2.Request, httpx2.Response], httpx2.A
         InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
 
-    _pool_timeout = httpx2.PoolTimeout
+    _generation = _GENERATION
+    _new_inner = httpx2.AsyncHTTPTransport
     _sync_name = "lovely_coordinator_httpx.CoordinatedSyncTransport"
-
-    def __init__(
-        self,
-        coordinator: AgentCoordinator | None = None,
-        *,
-        transport: httpx2.AsyncBaseTransport | None = None,
-        handler: ProviderLimitHandler | None = None,
-        tuple_for: TupleFor | None = None,
-        providers: Mapping[str, str] = DEFAULT_PROVIDERS,
-        reject_on_closed_tuple: bool = False,
-        max_attempts: int = 5,
-        learn_budgets: bool = True,
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        self._gate = Gate(
-            coordinator,
-            handler,
-            tuple_for,
-            providers,
-            _WATCH_ASYNC,
-            reject_on_closed_tuple=reject_on_closed_tuple,
-            max_attempts=max_attempts,
-            learn_budgets=learn_budgets,
-            tokenizer=tokenizer,
-        )
-        self._inner = transport if transport is not None else httpx2.AsyncHTTPTransport()
 
 
 @final
-class CoordinatedSyncTransport(SyncGated[httpx2.Request, httpx2.Response], httpx2.BaseTransport):
+class CoordinatedSyncTransport(
+    SyncGated[httpx2.Request, httpx2.Response, httpx2.BaseTransport], httpx2.BaseTransport
+):
     """:class:`CoordinatedTransport` for sync clients (``httpx2.Client``, ``openai.OpenAI``,
     ``anthropic.Anthropic``), called from any number of threads.
 
@@ -114,31 +90,6 @@ class CoordinatedSyncTransport(SyncGated[httpx2.Request, httpx2.Response], httpx
     loop could stop the very release it waits for): use the async client there.
     """
 
-    _pool_timeout = httpx2.PoolTimeout
+    _generation = _GENERATION
+    _new_inner = httpx2.HTTPTransport
     _async_name = "lovely_coordinator_httpx.CoordinatedTransport"
-
-    def __init__(
-        self,
-        coordinator: AgentCoordinator | None = None,
-        *,
-        transport: httpx2.BaseTransport | None = None,
-        handler: ProviderLimitHandler | None = None,
-        tuple_for: TupleFor | None = None,
-        providers: Mapping[str, str] = DEFAULT_PROVIDERS,
-        reject_on_closed_tuple: bool = False,
-        max_attempts: int = 5,
-        learn_budgets: bool = True,
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        self._gate = Gate(
-            coordinator,
-            handler,
-            tuple_for,
-            providers,
-            _WATCH_SYNC,
-            reject_on_closed_tuple=reject_on_closed_tuple,
-            max_attempts=max_attempts,
-            learn_budgets=learn_budgets,
-            tokenizer=tokenizer,
-        )
-        self._inner = transport if transport is not None else httpx2.HTTPTransport()
