@@ -32,10 +32,11 @@ ever granted by an earlier boot), set the key ``lovely-coordinator:fresh-boot`` 
 ``run_id`` that ``INFO server`` reports. The marker must not be evicted (a
 ``maxmemory-policy`` of ``noeviction`` or ``volatile-*``; evicting it costs a quiet period).
 
-**Failover.** ``RedisLocker(..., min_replicas=n)`` and ``RedisPermitPool(...,
-min_replicas=n)`` count a grant, and each renewal, only once ``n`` replicas have it
-(``WAIT``): a failover to one of them loses no grant. While fewer acknowledge, acquires keep
-waiting and holders see ``lost`` by their deadline.
+**Failover.** ``RedisLocker(..., min_replicas=n)``, ``RedisPermitPool(...,
+min_replicas=n)`` and ``RedisFleet(..., min_replicas=n)`` count a grant, and each renewal,
+only once ``n`` replicas have it (``WAIT``): a failover to one of them loses no grant. While
+fewer acknowledge, acquires keep waiting and holders see ``lost`` by their deadline (a fleet
+member treats an unconfirmed heartbeat as Redis being unreachable: ``on_unavailable``).
 
 **Redis Cluster.** Every class takes a ``redis.asyncio.RedisCluster`` as well. Every key
 of an object shares one hash tag (its slot), and ids are escaped so that no two objects

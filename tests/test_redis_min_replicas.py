@@ -9,12 +9,19 @@ import anyio
 import pytest
 from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
-from lovely_coordinator import InvalidArgumentError, InvalidArgumentTypeError
-from lovely_coordinator.redis import RedisLocker, RedisPermitPool
+from lovely_coordinator import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ModelTuple,
+    create_agent_coordinator,
+)
+from lovely_coordinator.redis import RedisFleet, RedisLocker, RedisPermitPool
 
 from .redis_helpers import anyio_backend, lock_keys, pool_key
 
 __all__ = ["anyio_backend"]  # a fixture
+
+GPT = ModelTuple("openai", "gpt-4o")
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -112,3 +119,52 @@ def test_bad_min_replicas_is_refused(value: Any, error: type[Exception]) -> None
         RedisLocker(client, min_replicas=value)
     with pytest.raises(error, match=message):
         RedisPermitPool(client, name="p", limit=1, min_replicas=value)
+    with pytest.raises(error, match=message):
+        RedisFleet(client, create_agent_coordinator(), name="f", min_replicas=value)
+
+
+async def fleet_holders(client: Any) -> int:
+    """Units held in fleet "f" (every governed tuple's holders)."""
+    keys = await client.keys("*fleet:f*:holders")
+    return sum([int(await client.zcard(key)) for key in keys])
+
+
+async def test_a_confirmed_fleet_admission_is_on_the_replica_when_it_is_admitted(
+    replicated: tuple[ThrowawayServer, ThrowawayServer], redis_connect: Callable[..., Any]
+) -> None:
+    primary, replica = replicated
+    with anyio.fail_after(10):
+        coordinator = create_agent_coordinator(4)
+        fleet = RedisFleet(redis_connect(primary.url), coordinator, name="f", min_replicas=1)
+        on_replica = redis_connect(replica.url)
+        async with fleet:
+            # Limit 1: the previous unit's release (sent in the background) came first.
+            await fleet.set_tuple_limit(GPT, 1)
+            for _ in range(10):
+                async with coordinator.request(GPT, tokens=1):
+                    assert await fleet_holders(on_replica) == 1
+
+
+async def test_no_fleet_admission_while_the_replicas_cannot_confirm(
+    replicated: tuple[ThrowawayServer, ThrowawayServer], redis_connect: Callable[..., Any]
+) -> None:
+    primary, replica = replicated
+    with anyio.fail_after(20):
+        coordinator = create_agent_coordinator(4)
+        client = redis_connect(primary.url)
+        fleet = RedisFleet(
+            client, coordinator, name="f", ttl=1, on_unavailable="wait", min_replicas=1
+        )
+        async with fleet:
+            await fleet.set_tuple_limit(GPT, 2)
+            replica.pause()
+            try:
+                with anyio.move_on_after(1.5) as scope:
+                    async with coordinator.request(GPT, tokens=1):
+                        pass
+                assert scope.cancelled_caught
+                assert await fleet_holders(client) == 0  # given back, or never admitted
+            finally:
+                replica.resume()
+            async with coordinator.request(GPT, tokens=1):
+                assert await fleet_holders(client) == 1

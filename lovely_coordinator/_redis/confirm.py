@@ -1,4 +1,5 @@
-"""``min_replicas``: a grant, and each renewal, counts only once enough replicas have it.
+"""``min_replicas``: a grant, and each renewal, counts only once enough replicas have it
+(locker, pool and fleet).
 
 Replication is asynchronous: a grant acknowledged by the primary alone is lost if the
 primary fails before a replica has it, and the promoted replica then grants the lease
@@ -50,9 +51,10 @@ class Confirmation:
         *,
         give_back: Callable[[Sequence[Any]], Awaitable[object]],
         what: str,
+        refusal: Callable[[Sequence[Any]], list[Any]] | None = None,
     ) -> Any:
         """One granting call; an unconfirmed grant is given back and reported as a
-        refusal (``{WAITING, -1, ticket}``)."""
+        refusal (``{WAITING, -1, ticket}``, or what ``refusal`` makes of the grant)."""
         if not self.replicas:
             return await script(keys, args)
         reply, acknowledged = await script.confirmed(keys, args, self.replicas, self.timeout_ms)
@@ -66,8 +68,25 @@ class Confirmation:
             self.replicas,
         )
         await best_effort(lambda: give_back(reply), self.ttl, f"giving back {what}")
+        if refusal is not None:
+            return refusal(reply)
         ticket = int(reply[2]) if len(reply) > 2 else 0
         return [scripts.WAITING, -1, ticket]
+
+    async def call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """One call whose writes must be confirmed (a fleet member's heartbeat).
+
+        Raises:
+            UnconfirmedError: fewer replicas acknowledged its writes.
+        """
+        if not self.replicas:
+            return await script(keys, args)
+        reply, acknowledged = await script.confirmed(keys, args, self.replicas, self.timeout_ms)
+        if acknowledged < self.replicas:
+            raise UnconfirmedError(
+                f"{acknowledged} of the {self.replicas} replicas required acknowledged it"
+            )
+        return reply
 
     async def renewal(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> bool:
         """One renewal: whether the grant is still held, confirmed by enough replicas.

@@ -47,6 +47,7 @@ from .renewal import best_effort
 from .validation import (
     check_client,
     check_key,
+    check_min_replicas,
     check_prefix,
     check_seconds,
     check_sendable,
@@ -78,6 +79,12 @@ class RedisFleet(FleetAdmission):
         prefix: namespace of the keys and channel.
         on_unavailable: while Redis cannot be reached, ``"local"`` admits at this member's
             last known share of each budget and limit, ``"wait"`` makes requests wait.
+        min_replicas: an admission, and each heartbeat (which renews the units in flight),
+            counts only once this many replicas have it (``WAIT``), so a failover to one of
+            them loses no unit. An admission fewer acknowledge is given back (its budget
+            draw refunded) and the request keeps waiting; a heartbeat fewer acknowledge
+            counts as Redis being unreachable (``on_unavailable`` applies until one is
+            confirmed again).
 
     Raises:
         InvalidArgumentError: a bad argument (a ``TypeError`` one for wrong types).
@@ -93,6 +100,7 @@ class RedisFleet(FleetAdmission):
         ttl: float = 30.0,
         prefix: str = "lovely:",
         on_unavailable: Literal["local", "wait"] = "local",
+        min_replicas: int = 0,
     ) -> None:
         client = check_client(client)
         if not isinstance(coordinator, AgentCoordinator):
@@ -103,10 +111,16 @@ class RedisFleet(FleetAdmission):
         ttl = check_ttl(ttl)
         if on_unavailable not in _MODES:
             raise InvalidArgumentError('on_unavailable must be "local" or "wait"')
+        replicas = check_min_replicas(min_replicas)
         self.name = name
         self.coordinator = coordinator
         self._member = Member(
-            client, name=name, prefix=prefix, ttl=ttl, on_unavailable=on_unavailable
+            client,
+            name=name,
+            prefix=prefix,
+            ttl=ttl,
+            on_unavailable=on_unavailable,
+            min_replicas=replicas,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stack: contextlib.AsyncExitStack | None = None

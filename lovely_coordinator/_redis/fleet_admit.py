@@ -159,12 +159,17 @@ class FleetAdmission:
         unit.sent = anyio.current_time()
         try:
             return await cancellation.call(
-                member.admit(
+                member.confirm.grant(
+                    member.admit,
                     [member.epoch_key, keys["cfg"], keys["bucket"], keys["quiet"], keys["holders"],
                      keys["charges"], keys["queue"], keys["waiters"], keys["needs"], keys["ticket"],
                      member.tombstone(unit.tag, unit.id), keys["marker"]],
                     [unit.id, unit.tokens, member.ttl_ms, member.ttl_ms, member.channel, unit.tag,
                      boot.fresh_run_id(member.client)],
+                    give_back=lambda _: unit.give_back_unconfirmed(),
+                    what=f"an admission of fleet {self.name!r}",
+                    # Waiting, re-tried at the re-check (ms -1), on an open gate (0).
+                    refusal=lambda _: [scripts.WAITING, -1, 0, 0],
                 )
             )  # fmt: skip
         except UNAVAILABLE_ERRORS as exc:
@@ -302,6 +307,12 @@ class Unit:
         """A fresh id, after a grant that came too late was given back."""
         self.id = uuid.uuid4().hex
         self._done = False
+
+    async def give_back_unconfirmed(self) -> None:
+        """Give back an admission too few replicas acknowledged (``min_replicas``; its
+        budget draw refunded) and take a fresh id for the next attempt."""
+        await self.give_back(used=False)
+        self.reset()
 
     def granted(self, reply: Sequence[Any] | None = None) -> Unit:
         """Admitted (by the script's ``reply``; None: locally): held from now on."""

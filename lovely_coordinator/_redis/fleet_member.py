@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from .._base.types import ModelTuple
 from . import boot, cancellation, fleet_scripts, generation
 from .cluster import Client
+from .confirm import Confirmation
 from .evalsha import Script
 from .fleet_state import (
     FleetStatistics,
@@ -75,8 +76,10 @@ class Member:
         prefix: str,
         ttl: float,
         on_unavailable: Literal["local", "wait"],
+        min_replicas: int = 0,
     ) -> None:
         self.client = client
+        self.confirm = Confirmation(min_replicas, ttl)
         self.name = name
         self.ttl = ttl
         self.ttl_ms = max(1, round(ttl * 1000))
@@ -253,7 +256,8 @@ class Member:
                 keys.append(holders)
             args += [index[holders], unit]
         sent = anyio.current_time()
-        reply: Sequence[Any] = await cancellation.call(self._beat(keys, args))
+        # Unconfirmed (min_replicas): an UnconfirmedError, a RedisError, so an outage.
+        reply: Sequence[Any] = await cancellation.call(self.confirm.call(self._beat, keys, args))
         self._deadline = local_deadline(sent, self.ttl)
         epoch = text(reply[0]) or None
         self.share.members = max(1, int(reply[1]))
