@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lovely_coordinator import ModelTuple
-from lovely_coordinator._agents.lines import GRANTED, QUEUED
 from lovely_coordinator._agents.scheduler import Scheduler
+from lovely_coordinator._agents.tickets import GRANTED, QUEUED
 from lovely_coordinator._agents.waiting import PER_TUPLE, WaiterStatistics, waiters
 
 A = ModelTuple("p", "a")
@@ -53,7 +53,7 @@ def fingerprint(s: Scheduler) -> Any:
         tuples,
         list(s._ready),
         list(s._bypass),
-        list(s._wakeups),
+        list(s.wakeups),
         dict(s._idle),
         (s.active, s.queued, s.lent, s.version, s._counter, s._seq, s._bypass_dead),
     )

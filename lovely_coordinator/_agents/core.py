@@ -19,9 +19,9 @@ from .._base.config import CoordinatorConfig
 from .._base.errors import PermitReleasedError
 from .._base.types import CoordinatorStatistics, ModelTuple
 from .._base.waiter import Parker
-from .lines import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from .scheduler import Scheduler
 from .statistics import snapshot
+from .tickets import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from .timers import LoopClock, WakeupTimer
 from .updates import UpdateHub
 
@@ -58,7 +58,7 @@ class CoordinatorCore:
         if self._hub.listening:
             self._hub.notify()
         scheduler = self._scheduler
-        if scheduler._wakeups or self._timer.armed_at is not None:
+        if scheduler.wakeups or self._timer.armed_at is not None:
             self._timer.rearm(scheduler.next_wakeup())
         self._update_hook()
 
@@ -118,7 +118,7 @@ class CoordinatorCore:
     def _enqueue_permit(self, ticket: PermitTicket, t: ModelTuple, order: int | None) -> None:
         """Place a fresh permit ``ticket`` in line; then await its wait."""
         with self._lock:
-            if self._scheduler._wakeups:
+            if self._scheduler.wakeups:
                 self._follow()
             self._scheduler.enqueue(t, order, True, ticket.reject, ticket)
             self._park(ticket)
@@ -164,12 +164,8 @@ class CoordinatorCore:
         """Place a fresh request ``ticket`` in line (see :meth:`_enqueue_permit`)."""
         with self._lock:
             scheduler = self._scheduler
-            if scheduler._wakeups:
-                self._follow()
-            else:
-                state = scheduler._tuples.get(t)
-                if state is not None and state.budgeted:
-                    self._follow()  # budgets read the clock: it must be this loop's
+            if scheduler.reads_clock(t):
+                self._follow()  # it must be this loop's clock
             scheduler.enqueue_request(t, order, ticket.reject, ticket.tokens, cover, ticket)
             self._park(ticket)
 
@@ -198,7 +194,7 @@ class CoordinatorCore:
 
     def _lend_end(self, ticket: PermitTicket, parker: Parker[bool]) -> bool:
         with self._lock:
-            if self._scheduler._wakeups:
+            if self._scheduler.wakeups:
                 self._follow()
             self._clock.visit()  # it may park to reacquire (see _enqueue_permit)
             return self._scheduler.lend_end(ticket, parker)

@@ -7,14 +7,15 @@ close, budgets) on top of it; see that module for the rules as a whole.
 
 Budgets and time
 ----------------
-A budget dimension is a ``_bucket.Bucket``. Before a request draws, :meth:`Engine._may_draw`
-checks its tuple's *block* (the earliest request the budget holds back: no later request
-of the tuple may overtake it) and then the buckets; a request they cannot hold yet becomes
-the block, with the instant it becomes affordable as a wake-up. Wake-ups of both kinds
-(budget blocks and timed gate reopens) live in one heap, ``_wakeups``, with lazy deletion;
-the shell arms one timer at :meth:`Engine.next_wakeup` and calls :meth:`Engine.advance`
-when it fires. The clock is the caller's (``clock``), read only when a budget is involved,
-so tests can drive it and the hot path never reads it.
+A tuple's budget is a ``budgets.Budget`` (its buckets' arithmetic, testable alone).
+Before a request draws, :meth:`Engine._may_draw` checks its tuple's *block* (the earliest
+request the budget holds back: no later request of the tuple may overtake it) and then
+the budget; a request it cannot hold yet becomes the block, with the instant it becomes
+affordable as a wake-up. Wake-ups of both kinds (budget blocks and timed gate reopens)
+live in one heap, ``wakeups`` (``wakeups.Wakeups``, lazy deletion); the shell arms one
+timer at :meth:`Engine.next_wakeup` and calls ``advance`` when it fires. The clock is the
+caller's (``clock``), read only when a budget is involved, so tests can drive it and the
+hot path never reads it.
 """
 
 from __future__ import annotations
@@ -26,45 +27,17 @@ from typing import TYPE_CHECKING, Final, cast
 
 from .._base.types import ModelTuple
 from .events import BUDGETS, budget_exhausted
-from .lines import (
-    GRANTED,
-    PERMITS,
-    QUEUED,
-    Entry,
-    Line,
-    PermitTicket,
-    ReadyEntry,
-    RequestTicket,
-    Ticket,
-    TupleState,
-)
+from .lines import PERMITS, Line, ReadyEntry, TupleState
+from .tickets import GRANTED, QUEUED, Entry, PermitTicket, RequestTicket, Ticket
+from .wakeups import BUDGET, Wakeups
 
 if TYPE_CHECKING:
     from .instruments import Dispatch
 
-__all__ = [
-    "BUDGET",
-    "DUE_SLACK",
-    "GATE",
-    "IDLE_KEPT",
-    "Engine",
-    "Wakeup",
-    "bypass_live",
-    "wakeup_live",
-]
+__all__ = ["IDLE_KEPT", "Engine", "bypass_live"]
 
 # How many idle tuples stay cached for reuse (see ``Engine._forget_if_idle``).
 IDLE_KEPT: Final = 64
-
-# Wake-up kinds in ``_wakeups``: a timed gate reopen, the end of a budget block.
-GATE: Final = 0
-BUDGET: Final = 1
-
-# A timer may fire a hair before its instant (asyncio runs handles due within the clock's
-# resolution); what is due within this many seconds counts as due.
-DUE_SLACK: Final = 1e-6
-
-Wakeup = tuple[float, int, int, TupleState]  # (instant, seq, kind, tuple)
 
 
 def _no_clock() -> float:
@@ -87,8 +60,6 @@ class Engine:
         "_ready",
         "_seq",
         "_tuples",
-        "_wakeup_seq",
-        "_wakeups",
         "active",
         "fresh_reacquire",
         "hooked",
@@ -99,6 +70,7 @@ class Engine:
         "on_change",
         "queued",
         "version",
+        "wakeups",
     )
 
     def __init__(
@@ -132,15 +104,14 @@ class Engine:
         self._ready: list[ReadyEntry] = []
         self._bypass: list[Entry] = []
         self._bypass_dead = 0
-        self._wakeups: list[Wakeup] = []
-        self._wakeup_seq = 0  # tie-breaker of equal instants (never compares tuples)
+        self.wakeups = Wakeups()
         for model_tuple, tuple_limit in (tuple_limits or {}).items():
             self._state(model_tuple).limit = tuple_limit
 
     def _changed(self) -> None:
         """The one place a change is announced (every public mutator ends with it)."""
         self.version += 1
-        if self.hooked or self._wakeups:
+        if self.hooked or self.wakeups:
             self.on_change()
 
     # -- reads --------------------------------------------------------------------------------
@@ -164,10 +135,15 @@ class Engine:
 
         (Drops wake-ups that no longer apply from the top of the heap; no other effect.)
         """
-        wakeups = self._wakeups
-        while wakeups and not wakeup_live(wakeups[0]):
-            heapq.heappop(wakeups)
-        return wakeups[0][0] if wakeups else None
+        return self.wakeups.next()
+
+    def reads_clock(self, model_tuple: ModelTuple) -> bool:
+        """Whether a request on ``model_tuple`` may read the clock: a wake-up is pending,
+        or its tuple has a budget (the shell first makes the clock the caller's loop's)."""
+        if self.wakeups:
+            return True
+        state = self._tuples.get(model_tuple)
+        return state is not None and state.budget is not None
 
     # -- tuples -------------------------------------------------------------------------------
 
@@ -238,13 +214,14 @@ class Engine:
         may try. One that the budget cannot hold yet becomes the block, with a wake-up at
         the instant it can.
         """
-        if not state.budgeted:
+        budget = state.budget
+        if budget is None:
             return True
         block = state.block
         if block is not None and (block is ticket or ticket.key > block.key):
             return False
         now = self._clock()
-        ready = _ready_at(state, ticket, now)
+        ready = budget.ready_at(ticket.tokens, now)
         if ready == now:
             return True
         state.block = ticket
@@ -256,8 +233,7 @@ class Engine:
     def _block_until(self, state: TupleState, instant: float) -> None:
         if state.block_until != instant:
             state.block_until = instant
-            self._wakeup_seq += 1
-            heapq.heappush(self._wakeups, (instant, self._wakeup_seq, BUDGET, state))
+            self.wakeups.add(instant, BUDGET, state)
 
     def _unblock(self, state: TupleState) -> None:
         """Forget the tuple's block and let its requests try again (in key order)."""
@@ -363,17 +339,15 @@ class Engine:
             self._hand_cover(cast(PermitTicket, ticket))
 
     def _draw(self, state: TupleState, ticket: Ticket) -> None:
-        if not state.budgeted:
+        budget = state.budget
+        if budget is None:
             return
         now = self._clock()
-        if state.request_bucket is not None:
-            state.request_bucket.draw(1, now)
-        if state.token_bucket is not None:
-            state.token_bucket.draw(ticket.tokens, now)
+        budget.draw(ticket.tokens, now)
         block = state.block
         if block is not None:
             # A request ahead of the front drew: the front waits longer now.
-            self._block_until(state, _ready_at(state, block, now))
+            self._block_until(state, budget.ready_at(block.tokens, now))
 
     # Covers (rule L) live in ``_lending.Lending``; the grant loop and the settings reach
     # them through these.
@@ -397,24 +371,6 @@ class Engine:
             self._drain()
         if not state.active and not state.queued:
             self._forget_if_idle(state)
-
-
-def _ready_at(state: TupleState, ticket: Ticket, now: float) -> float:
-    """When the tuple's budget holds request ``ticket`` (``now`` if it does already)."""
-    ready = now
-    requests, tokens = state.request_bucket, state.token_bucket
-    if requests is not None and not requests.holds(1, now):
-        ready = requests.ready_at(1, now)
-    if tokens is not None and not tokens.holds(ticket.tokens, now):
-        ready = max(ready, tokens.ready_at(ticket.tokens, now))
-    return ready
-
-
-def wakeup_live(wakeup: Wakeup) -> bool:
-    at, _seq, kind, state = wakeup
-    if kind == GATE:
-        return not state.open and state.reopens_at == at
-    return state.block_until == at
 
 
 def bypass_live(entry: Entry) -> bool:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Final
 from .._base.types import ModelTuple
 
 if TYPE_CHECKING:
-    from .lines import Ticket, TupleState
+    from .lines import TupleState
+    from .tickets import Ticket
 
 __all__ = [
     "BUDGETS",

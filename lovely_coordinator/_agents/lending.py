@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 
-from .lines import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket, Wakeable
 from .settings import Settings
+from .tickets import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket, Wakeable
 
 __all__ = ["Lending"]
 

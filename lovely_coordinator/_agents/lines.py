@@ -1,9 +1,8 @@
-"""The scheduler's data: tickets, the lines they wait in, and each tuple's bookkeeping.
+"""The scheduler's lines and each tuple's bookkeeping.
 
-Plain synchronous structures with no decisions in them (those are ``scheduler.py``'s).
+Plain synchronous structures with no decisions in them (those are ``scheduler.py``'s;
+the tickets that wait in lines are ``tickets.py``'s).
 
-* A :class:`Ticket` is one place in line and, once granted, the slot a permit holds or
-  the call a model request makes.
 * A :class:`Line` is a heap of the queued tickets of one tuple and one kind, keyed by
   ``(acceptance order, arrival)``, with lazy deletion: a ticket that leaves the line
   only forgets its entry (``ticket.entry = None``); the entry dies in place and is dropped
@@ -19,44 +18,25 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from .._base.types import ModelTuple
-from .._base.waiter import PENDING as _PENDING
-from .._base.waiter import Parker
+from .tickets import Entry, Ticket
 
 if TYPE_CHECKING:
     from .bucket import Bucket
+    from .budgets import Budget
 
 __all__ = [
+    "COMPACT_MIN",
     "COVERED",
-    "Candidate",
-    "DONE",
-    "GRANTED",
-    "INACTIVE",
     "LEFT",
-    "LENT",
     "PERMITS",
-    "PermitTicket",
-    "QUEUED",
     "REQUESTS",
     "Line",
-    "RequestTicket",
-    "Ticket",
+    "ReadyEntry",
     "TupleState",
-    "Wakeable",
 ]
-
-# Ticket states. INACTIVE and QUEUED are "queued" (counted in queued); GRANTED holds a
-# slot (or, for a covered request, is in flight on its cover's slot); LENT is a permit
-# that gave its slot back while its holder waits; DONE is terminal.
-INACTIVE: Final = 0
-QUEUED: Final = 1
-GRANTED: Final = 2
-LENT: Final = 3
-DONE: Final = 4
-
-STATE_NAMES: Final = ("inactive", "queued", "granted", "lent", "done")
 
 # Line kinds.
 PERMITS: Final = 0  # permits and reservations: a slot, the gate, the tuple cap
@@ -71,174 +51,9 @@ LEFT: Final = object()
 COMPACT_MIN: Final = 64
 
 
-class Wakeable(Protocol):
-    """What the scheduler needs of a parked task (``_waiter.Parker`` fits)."""
-
-    def grant(self, value: bool) -> None: ...
-
-    def fail(self, error: BaseException) -> None: ...
-
-
-class Ticket(Parker[bool]):
-    """A place in line; once granted, a slot (a permit) or a call in flight (a request).
-
-    Two kinds, :class:`PermitTicket` and :class:`RequestTicket`; each stores only its own
-    fields, and reads the other kind's as the class-level defaults below (parked waiters
-    are the coordinator's memory: a slot less per waiter is worth a class).
-
-    Attributes:
-        order, seq: the current place in line, ``(acceptance order, arrival)``; seq is
-            unique per scheduler.
-        state: INACTIVE, QUEUED, GRANTED, LENT or DONE.
-        tuple_state: the tuple's bookkeeping (refreshed on every reacquire).
-        reject: fail when the tuple's gate closes while queued.
-        request: a model request (else a permit or reservation).
-        line: the line holding the ticket's live entry, while queued in one.
-        entry: that live entry (the very tuple in the line's heap).
-        bypass: the place in line is a lending permit's reacquire (ignores gates, caps).
-        parker: the task waiting for this ticket, if one is parked.
-        error: why the ticket failed, when nobody was parked to receive it.
-        since: ``time.monotonic()`` when it started to wait, set only where it really
-            queues (None for a ticket granted at once); for observation, never decisions.
-
-    A permit's own: ``origin`` (the acceptance order it was first granted with),
-    ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
-    request on its slot, reserved or in flight), ``candidates`` (a heap of requests
-    waiting for its slot to be free), ``deferred`` (lent or released, its slot stays
-    taken until the request in flight on it ends) and ``parked`` (held, but its slot is
-    lent while the request it covers waits; rule L in ``scheduler.py``). A request's
-    own: ``accepted`` (its acceptance order; ``order`` is its rank, see rule L),
-    ``tokens`` (its charge: the estimate, then what it settled), ``cover`` (the permit
-    whose slot it may use) and ``covered`` (it is, queued or in flight, on that slot).
-    """
-
-    __slots__ = (
-        "bypass",
-        "entry",
-        "error",
-        "line",
-        "order",
-        "parker",
-        "reject",
-        "seq",
-        "since",
-        "state",
-        "tuple_state",
-    )
-
-    request: ClassVar[bool] = False
-    # The other kind's fields, read-only here (each subclass has slots for its own).
-    origin: int = 0
-    lends: int = 0
-    covering: RequestTicket | None = None
-    candidates: list[Candidate] | None = None
-    deferred: bool = False
-    parked: bool = False
-    accepted: int = 0
-    tokens: int = 0
-    cover: PermitTicket | None = None
-    covered: bool = False
-
-    order: int
-    seq: int
-    state: int
-    tuple_state: TupleState
-    reject: bool
-    line: Line | None
-    entry: object  # its live occurrence in ``line`` (see Line), LEFT, or None
-    bypass: bool
-    parker: Wakeable | None
-    error: BaseException | None
-    since: float | None
-
-    def __repr__(self) -> str:
-        kind = "request" if self.request else "permit"
-        state = STATE_NAMES[self.state]
-        where = getattr(self, "tuple_state", None)  # unset until it takes a place in line
-        t = None if where is None else where.tuple
-        return f"<Ticket {kind} {t} order={self.order} seq={self.seq} {state}>"
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.order, self.seq)
-
-
-class PermitTicket(Ticket):
-    """A permit's or a reservation's ticket (see :class:`Ticket`).
-
-    Not final: the coordinator's ``permit()`` context manager *is* its ticket (and its
-    parker), one object per call.
-    """
-
-    __slots__ = ("candidates", "covering", "deferred", "lends", "origin", "parked")
-
-    origin: int
-    lends: int
-    covering: RequestTicket | None
-    candidates: list[Candidate] | None
-    deferred: bool
-    parked: bool
-
-    def __init__(self, reject: bool) -> None:
-        # Every field set here, not through super(): this runs for every acquire. The
-        # place in line (order, seq, tuple_state, origin) is the scheduler's to set.
-        self._state = _PENDING
-        self._value = None
-        self._error = None
-        self._sleeper = None
-        self._home = None
-        self.order = self.seq = self.origin = 0
-        self.state = INACTIVE
-        self.reject = reject
-        self.line = None
-        self.entry = None
-        self.bypass = False
-        self.parker = None
-        self.error = None
-        self.since = None
-        self.lends = 0
-        self.covering = None
-        self.candidates = None
-        self.deferred = False
-        self.parked = False
-
-
-class RequestTicket(Ticket):
-    """A model request's ticket (see :class:`Ticket`; its context manager is one too)."""
-
-    __slots__ = ("accepted", "cover", "covered", "tokens")
-
-    request: ClassVar[bool] = True
-    accepted: int
-    tokens: int
-    cover: PermitTicket | None
-    covered: bool
-
-    def __init__(self, reject: bool, tokens: int) -> None:
-        self._state = _PENDING
-        self._value = None
-        self._error = None
-        self._sleeper = None
-        self._home = None
-        self.order = self.seq = self.accepted = 0
-        self.state = INACTIVE
-        self.reject = reject
-        self.line = None
-        self.entry = None
-        self.bypass = False
-        self.parker = None
-        self.error = None
-        self.since = None
-        self.tokens = tokens
-        self.cover = None
-        self.covered = False
-
-
-# (order, seq, ticket) in a line or the bypass heap; (order, seq, line) in the ready heap.
-# seq is unique, so comparison never reaches the third item.
-Entry = tuple[int, int, Ticket]
+# (order, seq, line) in the scheduler's ready heap; seq is unique, so comparison never
+# reaches the third item.
 ReadyEntry = tuple[int, int, "Line"]
-Candidate = tuple[int, int, "RequestTicket"]  # in a permit's heap of candidates
 
 
 @final
@@ -414,9 +229,9 @@ class TupleState:
         "active",
         "block",
         "block_until",
+        "budget",
         "calls",
         "covered",
-        "explicit",
         "foreground",
         "inactive",
         "lent",
@@ -425,9 +240,7 @@ class TupleState:
         "permits",
         "queued",
         "reopens_at",
-        "request_bucket",
         "requests",
-        "token_bucket",
         "tuple",
     )
 
@@ -445,11 +258,7 @@ class TupleState:
         self.foreground: dict[Ticket, None] | None = None  # created on first use
         self.inactive: dict[Ticket, None] | None = None  # created on first use
         self.lent = 0
-        self.request_bucket: Bucket | None = None
-        self.token_bucket: Bucket | None = None
-        # Which dimensions set_budget set (bit 1: requests, bit 2: tokens); the others,
-        # if any, were learned from the provider and may be relearned.
-        self.explicit = 0
+        self.budget: Budget | None = None  # its request and token buckets, if any
         self.block: Ticket | None = None
         self.block_until: float | None = None
 
@@ -490,7 +299,17 @@ class TupleState:
 
     @property
     def budgeted(self) -> bool:
-        return self.request_bucket is not None or self.token_bucket is not None
+        return self.budget is not None
+
+    @property
+    def request_bucket(self) -> Bucket | None:
+        """Its budget's bucket of requests per minute, if any (for reads)."""
+        return None if self.budget is None else self.budget.requests
+
+    @property
+    def token_bucket(self) -> Bucket | None:
+        """Its budget's bucket of tokens per minute, if any (for reads)."""
+        return None if self.budget is None else self.budget.tokens
 
     @property
     def idle(self) -> bool:
@@ -502,6 +321,5 @@ class TupleState:
             and not self.lent
             and self.open
             and self.limit is None
-            and self.request_bucket is None
-            and self.token_bucket is None
+            and self.budget is None
         )

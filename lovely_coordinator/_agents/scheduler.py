@@ -61,7 +61,7 @@ The liveness invariant of tests/test_scheduler.py checks all this after every st
 
 Budgets are strict within a tuple: once the budget holds back the earliest request that
 could otherwise run (the *block*), no later request of that tuple draws until the budget
-holds enough for it (``block_until``). The instant is a wake-up in ``_wakeups``, the same
+holds enough for it (``block_until``). The instant is a wake-up in ``wakeups``, the same
 heap as the timed reopens of gates; the shell keeps one timer armed at the earliest one
 and calls :meth:`advance` when it fires. Budgets never hold back permits.
 
@@ -87,7 +87,10 @@ from typing import final
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
 from .lending import Lending
-from .lines import (
+from .lines import TupleState
+from .scheduler_checks import check_invariants
+from .settings import SUSPENDED_MESSAGE
+from .tickets import (
     DONE,
     GRANTED,
     INACTIVE,
@@ -96,11 +99,8 @@ from .lines import (
     PermitTicket,
     RequestTicket,
     Ticket,
-    TupleState,
     Wakeable,
 )
-from .scheduler_checks import check_invariants
-from .settings import SUSPENDED_MESSAGE
 
 __all__ = ["SUSPENDED_MESSAGE", "Scheduler"]
 
@@ -149,17 +149,14 @@ class Scheduler(Lending):
         max_queued; a pure read)."""
         if not (self.active < self.limit and state.admits_calls):
             return False
-        if not state.budgeted:
+        budget = state.budget
+        if budget is None:
             return True
         key = (self._counter + 1 if order is None else order, self._seq + 1)
         block = state.block
         if block is not None and key > block.key:
             return False
-        now = self._clock()
-        requests, token_bucket = state.request_bucket, state.token_bucket
-        if requests is not None and not requests.holds(1, now):
-            return False
-        return token_bucket is None or token_bucket.holds(tokens, now)
+        return budget.holds(tokens, self._clock())
 
     def _busy(self, state: TupleState, may_run_now: bool) -> None:
         # max_queued bounds the waiters: a newcomer that would have to wait while that many
@@ -274,7 +271,7 @@ class Scheduler(Lending):
                 state.inactive[ticket] = None  # held only here until activated
                 self._waits(ticket)
         self.version += 1
-        if self.hooked or self._wakeups:
+        if self.hooked or self.wakeups:
             self.on_change()
         return ticket
 
@@ -301,7 +298,7 @@ class Scheduler(Lending):
             and not self._ready
             and not self._bypass
             and state.admits_calls
-            and (not state.budgeted or self._would_run(state, order, tokens))
+            and (state.budget is None or self._would_run(state, order, tokens))
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
             # the best waiter there is; granted at once, it never queues.
@@ -438,7 +435,7 @@ class Scheduler(Lending):
             if ticket.candidates is not None:
                 ticket.candidates = None
         self.version += 1
-        if self.hooked or self._wakeups:
+        if self.hooked or self.wakeups:
             self.on_change()
 
     def _end_request(self, ticket: RequestTicket) -> None:

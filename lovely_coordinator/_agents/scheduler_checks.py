@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .engine import BUDGET, GATE, IDLE_KEPT, wakeup_live
-from .lines import DONE, GRANTED, INACTIVE, PERMITS, QUEUED, Line, Ticket, TupleState
+from .engine import IDLE_KEPT
+from .lines import PERMITS, Line, TupleState
+from .tickets import DONE, GRANTED, INACTIVE, QUEUED, Ticket
+from .wakeups import BUDGET, GATE
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -32,7 +34,7 @@ def peek(line: Line) -> Ticket | None:
 
 def peek_wakeup(engine: Engine) -> float | None:
     """The earliest live wake-up, without dropping the dead ones (``next_wakeup`` does)."""
-    return min((w[0] for w in engine._wakeups if wakeup_live(w)), default=None)
+    return engine.wakeups.peek()
 
 
 def _held_back(state: TupleState, ticket: Ticket) -> bool:
@@ -67,7 +69,7 @@ def _check_line(line: Line, state: TupleState) -> None:
 
 
 def _has_wakeup(engine: Engine, instant: float, kind: int, state: TupleState) -> bool:
-    return any(w[0] == instant and w[2] == kind and w[3] is state for w in engine._wakeups)
+    return engine.wakeups.has(instant, kind, state)
 
 
 def check_invariants(engine: Engine) -> None:

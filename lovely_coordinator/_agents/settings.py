@@ -3,7 +3,8 @@
 Each call here changes one setting and then grants whatever that lets run, in order, before
 it returns (so a raised cap or an opened gate is work-conserving at once). Arguments are
 already valid: the coordinator validates them. See ``scheduler.py`` for the rules as a
-whole and ``_engine.py`` for the grant loop.
+whole, ``engine.py`` for the grant loop, ``budgets.py`` for a budget's arithmetic and
+``wakeups.py`` for the wake-up heap.
 """
 
 from __future__ import annotations
@@ -15,30 +16,19 @@ from typing import Final
 
 from .._base.errors import TupleSuspendedError
 from .._base.types import ModelTuple
-from .bucket import Bucket
-from .engine import DUE_SLACK, GATE, Engine, bypass_live, wakeup_live
+from .budgets import Budget
+from .engine import Engine, bypass_live
 from .events import GATES, gate_reopened
 from .instruments import CANCELLED, REJECTED, WaitOutcome
-from .lines import (
-    COMPACT_MIN,
-    DONE,
-    INACTIVE,
-    QUEUED,
-    RequestTicket,
-    Ticket,
-    TupleState,
-    Wakeable,
-)
+from .lines import COMPACT_MIN, TupleState
+from .tickets import DONE, INACTIVE, QUEUED, RequestTicket, Ticket, Wakeable
+from .wakeups import DUE_SLACK, GATE
 
-__all__ = ["EXPLICIT_REQUESTS", "EXPLICIT_TOKENS", "SUSPENDED_MESSAGE", "Settings"]
+__all__ = ["SUSPENDED_MESSAGE", "Settings"]
 
 SUSPENDED_MESSAGE: Final = (
     "Provider/model is suspended by a provider limit; foreground work cannot wait for recovery"
 )
-
-# Bits of ``TupleState.explicit``: the dimensions set_budget set (learn_budget leaves them).
-EXPLICIT_REQUESTS: Final = 1
-EXPLICIT_TOKENS: Final = 2
 
 
 class Settings(Engine):
@@ -142,8 +132,7 @@ class Settings(Engine):
         elif state.reopens_at is not None and reopens_at > state.reopens_at:
             state.reopens_at = reopens_at
         if state.reopens_at is not None and state.reopens_at == reopens_at:
-            self._wakeup_seq += 1
-            heapq.heappush(self._wakeups, (reopens_at, self._wakeup_seq, GATE, state))
+            self.wakeups.add(reopens_at, GATE, state)
         # Nothing of a closed tuple draws: its budget's wake-up would grant nothing. The
         # front blocks again, at its instant then, when the gate opens.
         state.block = state.block_until = None
@@ -181,12 +170,7 @@ class Settings(Engine):
         on the budget are re-examined at once (their wake-up may move either way).
         """
         state = self._state(model_tuple)
-        now = self._clock()
-        state.request_bucket = _resized(state.request_bucket, requests, now)
-        state.token_bucket = _resized(state.token_bucket, tokens, now)
-        state.explicit = (EXPLICIT_REQUESTS if requests is not None else 0) | (
-            EXPLICIT_TOKENS if tokens is not None else 0
-        )
+        state.budget = Budget.set(state.budget, requests, tokens, self._clock())
         self._budget_moved(state)
 
     def learn_budget(
@@ -201,15 +185,9 @@ class Settings(Engine):
         new rate keeps what is available, at most its capacity), and what remains (which
         only ever lowers what is available)."""
         state = self._state(model_tuple)
-        now = self._clock()
-        if requests is not None and not state.explicit & EXPLICIT_REQUESTS:
-            state.request_bucket = _rerated(state.request_bucket, requests, now)
-        if tokens is not None and not state.explicit & EXPLICIT_TOKENS:
-            state.token_bucket = _rerated(state.token_bucket, tokens, now)
-        if requests_remaining is not None and state.request_bucket is not None:
-            state.request_bucket.lower_to(requests_remaining, now)
-        if tokens_remaining is not None and state.token_bucket is not None:
-            state.token_bucket.lower_to(tokens_remaining, now)
+        state.budget = Budget.learn(
+            state.budget, requests, tokens, requests_remaining, tokens_remaining, self._clock()
+        )
         self._budget_moved(state)
 
     def settle(self, ticket: RequestTicket, tokens: int) -> None:
@@ -222,21 +200,16 @@ class Settings(Engine):
         if state is None:
             return  # idle: no budget to charge
         ticket.tuple_state = state
-        bucket = state.token_bucket
-        if change and bucket is not None:
-            bucket.adjust(change, self._clock())
+        budget = state.budget
+        if change and budget is not None and budget.settle(change, self._clock()):
             self._budget_moved(state)
 
     def refund(self, ticket: RequestTicket) -> None:
         """Give back what a granted request drew: it was cancelled before it resumed."""
         state = ticket.tuple_state
-        if not state.budgeted:
+        if state.budget is None:
             return
-        now = self._clock()
-        if state.request_bucket is not None:
-            state.request_bucket.adjust(-1, now)
-        if state.token_bucket is not None and ticket.tokens:
-            state.token_bucket.adjust(-ticket.tokens, now)
+        state.budget.refund(ticket.tokens, self._clock())
         self._budget_moved(state)
 
     def _budget_moved(self, state: TupleState) -> None:
@@ -257,15 +230,9 @@ class Settings(Engine):
         Timed gates reopen (a closure is never cut short: only its own wake-up opens it),
         budget blocks end and their requests try again.
         """
-        now = self._clock() + DUE_SLACK
-        wakeups = self._wakeups
         woken: dict[TupleState, None] = {}
-        while wakeups and wakeups[0][0] <= now:
-            wakeup = heapq.heappop(wakeups)
-            if not wakeup_live(wakeup):
-                continue
-            state = wakeup[3]
-            if wakeup[2] == GATE:
+        for kind, state in self.wakeups.pop_due(self._clock() + DUE_SLACK):
+            if kind == GATE:
                 state.open = True
                 state.reopens_at = None
                 if GATES.isEnabledFor(logging.INFO):
@@ -294,27 +261,9 @@ class Settings(Engine):
                 state.reopens_at += delta
             if state.block_until is not None:
                 state.block_until += delta
-            for bucket in (state.request_bucket, state.token_bucket):
-                if bucket is not None:
-                    bucket.shift(delta)
-        self._wakeups = [(at + delta, seq, kind, s) for at, seq, kind, s in self._wakeups]
-        heapq.heapify(self._wakeups)
-
-
-def _resized(bucket: Bucket | None, per_minute: float | None, now: float) -> Bucket | None:
-    if per_minute is None:
-        return None
-    if bucket is None:
-        return Bucket(per_minute, now)
-    bucket.resize(per_minute, now)
-    return bucket
-
-
-def _rerated(bucket: Bucket | None, per_minute: float, now: float) -> Bucket:
-    if bucket is None:
-        return Bucket(per_minute, now)
-    bucket.rerate(per_minute, now)
-    return bucket
+            if state.budget is not None:
+                state.budget.shift(delta)
+        self.wakeups.shift(delta)
 
 
 def _key(ticket: Ticket) -> tuple[int, int]:

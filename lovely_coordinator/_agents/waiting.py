@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from .._base.types import ModelTuple
 from .engine import bypass_live
-from .lines import INACTIVE, Entry, Line, Ticket, TupleState
+from .lines import Line, TupleState
+from .tickets import INACTIVE, Entry, Ticket
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -84,10 +85,8 @@ def _budget_holds_back(state: TupleState, ticket: Ticket, now: float) -> bool:
     block = state.block
     if block is not None and (block is ticket or ticket.key > block.key):
         return True
-    requests, tokens = state.request_bucket, state.token_bucket
-    if requests is not None and not requests.holds(1, now):
-        return True
-    return tokens is not None and not tokens.holds(ticket.tokens, now)
+    budget = state.budget
+    return budget is not None and not budget.holds(ticket.tokens, now)
 
 
 def reason(state: TupleState, ticket: Ticket, now: float) -> Reason:
