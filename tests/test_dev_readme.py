@@ -43,6 +43,8 @@ def readme(tmp_path: Path) -> Readme:
 def test_blocks_and_commands_in_order(readme: Readme) -> None:
     assert readme.blocks() == ['print("one")\n', 'print("deeper")\n', 'print("two")\n']
     assert readme.commands() == ["pip install -e ./extensions/x\n"]
+    assert readme.installs("extensions/x")
+    assert not readme.installs("extensions/y")
 
 
 def test_a_section_ends_at_the_next_heading_of_any_level(readme: Readme) -> None:

@@ -47,6 +47,10 @@ class Readme:
         """The ``sh`` code blocks, in order."""
         return _SH.findall(self.text)
 
+    def installs(self, path: str) -> bool:
+        """Whether one of its ``sh`` blocks installs ``path`` editable (``pip install -e``)."""
+        return any("pip install -e" in command and path in command for command in self.commands())
+
     def section(self, title: str) -> str:
         """The section under the ``### title`` heading, up to the next heading.
 
