@@ -130,6 +130,11 @@ class Engine:
         """Every non-idle tuple, in no particular order."""
         return (state for state in self._tuples.values() if not state.idle)
 
+    def reacquires(self) -> Iterator[Entry]:
+        """The live entries ``(order, seq, ticket)`` of the reacquires waiting for a slot,
+        in no particular order (a pure read)."""
+        return (entry for entry in self._bypass if bypass_live(entry))
+
     def next_wakeup(self) -> float | None:
         """The earliest instant a timer must call :meth:`advance` at, or None.
 
