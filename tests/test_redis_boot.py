@@ -13,6 +13,7 @@ from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 from lovely_coordinator._base.errors import UnsupportedServerError
 from lovely_coordinator._redis import boot
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
+from lovely_coordinator.redis import RedisLocker
 
 from .redis_helpers import anyio_backend, own_server, run_id
 
@@ -69,11 +70,30 @@ async def test_a_declaration_names_one_boot(
         current = await run_id(client)
         assert await client.get(FRESH_BOOT_KEY) == current.encode()  # declared at start
         assert await boot.declared_fresh(client, current)
-        assert boot.fresh_run_id(client) == current
+        assert await boot.on_quiet(client, "marker", "c", 100, f"{current}:1")
+        assert boot.vouch(client, "marker") == f"{current}:1"  # passed with the next calls
         own_server.restart()  # a new boot nobody vouched for
         again = redis_connect(own_server.url)
-        assert not await boot.declared_fresh(again, await run_id(again))
-        assert boot.fresh_run_id(again) == ""
+        assert not await boot.on_quiet(again, "marker", "c", 100, f"{await run_id(again)}:1")
+        assert boot.vouch(again, "marker") == ""
+
+
+async def test_a_flush_of_a_vouched_boot_still_gets_its_quiet_period(
+    own_server: ThrowawayServer, redis_connect: Callable[..., Any]
+) -> None:
+    with anyio.fail_after(10):
+        client = redis_connect(own_server.url)
+        locker = RedisLocker(client, ttl=0.5)
+        with anyio.fail_after(0.5):  # the boot is vouched for: no quiet period
+            async with await locker.acquire("c"):
+                pass
+        holder = await locker.acquire("d")
+        await client.flushall()  # forgets d's grant (and the declaration) mid-boot
+        started = anyio.current_time()
+        async with await locker.acquire("d") as lease:  # the same client, that had vouched
+            assert anyio.current_time() - started >= 0.5 + 1.0 - 0.05  # ttl and a tick
+            assert lease.fence > holder.fence
+            assert holder.lost.is_set()  # its renewals found the lease gone meanwhile
 
 
 def test_quiet_periods_are_told_once_per_boot_at_warning(

@@ -169,7 +169,8 @@ async def test_a_restarted_server_grants_nothing_for_a_ttl(
         tag, wait, server_run_id = await lock_acquire(client, "aa", 5000)
         assert tag == scripts.QUIET
         assert 5000 < wait <= 6000  # the caller's ttl and a tick
-        assert server_run_id.decode() == await run_id(client)
+        # The generation's token: the run id, and the marker's generation.
+        assert server_run_id.decode().startswith(f"{await run_id(client)}:")
         assert await client.exists(lock_keys("c")["lock"]) == 0  # nothing granted
         # Each caller waits out its own ttl, counted from when the loss was noticed.
         tag, longer, _ = await lock_acquire(client, "bb", 8000, c="d")
@@ -230,9 +231,16 @@ async def test_a_boot_declared_fresh_has_no_quiet_period(
         own_server.restart()
         client = redis_connect(own_server.url)
         wrong = "0" * 40  # another boot's run id declares nothing
-        assert (await lock_acquire(client, "aa", 5000, wrong))[0] == scripts.QUIET
-        vouched = f"{wrong} {await run_id(client)}"  # one of the nodes of a Cluster
-        assert (await lock_acquire(client, "aa", 5000, vouched))[0] == scripts.GRANTED
+        tag, _, token = await lock_acquire(client, "aa", 5000, wrong)
+        assert tag == scripts.QUIET
+        other_generation = f"{await run_id(client)}:1"  # nor another generation's token
+        assert (await lock_acquire(client, "aa", 5000, other_generation))[0] == scripts.QUIET
+        # The token the quiet period was reported with, once vouched for, ends it.
+        assert (await lock_acquire(client, "aa", 5000, token.decode()))[0] == scripts.GRANTED
+        await client.flushall()  # a new generation: the token vouches for nothing now
+        assert (await lock_acquire(client, "bb", 5000, token.decode()))[0] == scripts.QUIET
+        # A bare run id vouches for the whole boot (what these tests pass).
+        assert (await lock_acquire(client, "bb", 5000, await run_id(client)))[0] == 1
 
 
 async def test_a_new_prefix_on_a_server_that_kept_its_state_is_granted_at_once(

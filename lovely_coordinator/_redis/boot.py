@@ -9,11 +9,16 @@ written; later calls cost a dictionary lookup.
 generation.py) grants nothing for a quiet period. A server *known* to be new holds no
 grants anywhere, and whoever starts one may say so: ``SET lovely-coordinator:fresh-boot
 <run_id>``, with the ``run_id`` of that boot from ``INFO server`` (on a Cluster, the run
-ids of its nodes, separated by spaces). A client that is told of a quiet period reads that
-key (once per boot) and, if it names the boot, passes the run ids it found vouched for to
-the scripts, which then skip the quiet period. A later restart has another run id, so the
-declaration never carries over to a boot nobody vouched for. (The test and demo servers
-are declared this way by ``server.py``.)
+ids of its nodes, separated by spaces). A script that reports a quiet period names the
+marker's generation, ``<run_id>:<gen>`` (a new ``gen`` whenever the marker is written
+afresh, see generation.py); the client then reads that key (once per generation) and, if
+it names the boot, passes that token with the object's next calls, which then skip the
+quiet period. The vouch is bound to the generation, not only to the boot: a later
+``FLUSHALL`` (which deletes the key too) starts another generation, which nobody vouched
+for, and a later restart has another run id. (The test and demo servers are declared this
+way by ``lovely_coordinator_dev``.) On a Cluster the key lives on one node: a flush of
+*another* node of a vouched cluster leaves it in place, so that node's slots are vouched
+for again (vouch only for clusters whose nodes are never flushed while in use).
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ from .subscriber import text
 __all__ = [
     "declared_fresh",
     "ensure_supported",
-    "fresh_run_id",
     "on_quiet",
     "tell_quiet",
     "too_old",
+    "vouch",
 ]
 
 
@@ -52,8 +57,8 @@ class _ServerState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     checked: bool = False
     refused: UnsupportedServerError | None = None
-    fresh_checked: dict[str, bool] = field(default_factory=dict)  # run id -> vouched for
-    fresh: str = ""  # the run ids found vouched for, separated by spaces
+    fresh_checked: dict[str, bool] = field(default_factory=dict)  # token -> vouched for
+    vouched: dict[str, str] = field(default_factory=dict)  # marker key -> its vouched token
     quiet_told_for: str | None = None
 
 
@@ -113,41 +118,42 @@ async def ensure_supported(client: Client) -> None:
         raise state.refused
 
 
-def fresh_run_id(client: Client) -> str:
-    """The run ids of the client's server boots found declared fresh (spaces between), or ``""``."""
+def vouch(client: Client, marker: str) -> str:
+    """The token (``<run_id>:<gen>``) found vouched for at generation marker ``marker``,
+    for the scripts to skip its quiet period, or ``""``."""
     state = _states.get(client)
-    return "" if state is None else state.fresh
+    return "" if state is None else state.vouched.get(marker, "")
 
 
-async def declared_fresh(client: Client, run_id: str) -> bool:
-    """Whether boot ``run_id`` was declared fresh (the key is read once per boot).
+async def declared_fresh(client: Client, token: str) -> bool:
+    """Whether the boot of ``token`` (``<run_id>:<gen>``, or a bare run id) is declared
+    fresh now (the key is read once per token).
 
     A server that refuses the read (an ACL that does not cover the key) declares nothing.
     """
     state = _state(client)
-    known = state.fresh_checked.get(run_id)
+    known = state.fresh_checked.get(token)
     if known is None:
         try:
             value = await client.get(FRESH_BOOT_KEY)
         except ResponseError:
             value = None
-        known = value is not None and run_id in text(value).split()
-        state.fresh_checked[run_id] = known
-        if known:
-            state.fresh = " ".join(r for r, vouched in state.fresh_checked.items() if vouched)
+        known = value is not None and token.partition(":")[0] in text(value).split()
+        state.fresh_checked[token] = known
     return known
 
 
-async def on_quiet(client: Client, what: str, remaining_ms: int, run_id: str) -> bool:
+async def on_quiet(client: Client, marker: str, what: str, remaining_ms: int, token: str) -> bool:
     """What a waiter does when a script tells it of a quiet period (see ``grant.py``).
 
     Returns:
-        True if boot ``run_id`` was declared fresh: the attempt is to be made again at
-        once, with the run id. Otherwise the period is logged (:func:`tell_quiet`).
+        True if the boot of ``token`` was declared fresh: the attempt is to be made again
+        at once, vouched (:func:`vouch`). Otherwise the period is logged (:func:`tell_quiet`).
     """
-    if await declared_fresh(client, run_id):
+    if await declared_fresh(client, token):
+        _state(client).vouched[marker] = token
         return True
-    tell_quiet(client, run_id, what, remaining_ms)
+    tell_quiet(client, token.partition(":")[0], what, remaining_ms)
     return False
 
 

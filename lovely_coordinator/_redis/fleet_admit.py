@@ -165,7 +165,7 @@ class FleetAdmission:
                      keys["charges"], keys["queue"], keys["waiters"], keys["needs"], keys["ticket"],
                      member.tombstone(unit.tag, unit.id), keys["marker"]],
                     [unit.id, unit.tokens, member.ttl_ms, member.ttl_ms, member.channel, unit.tag,
-                     boot.fresh_run_id(member.client)],
+                     boot.vouch(member.client, keys["marker"])],
                     give_back=lambda _: unit.give_back_unconfirmed(),
                     what=f"an admission of fleet {self.name!r}",
                     # Waiting, re-tried at the re-check (ms -1), on an open gate (0).
@@ -231,7 +231,11 @@ class FleetAdmission:
                         wait = 0.0
                     elif tag == scripts.QUIET:
                         if await boot.on_quiet(
-                            member.client, f"fleet {self.name!r}", int(reply[1]), text(reply[2])
+                            member.client,
+                            member.keys(unit.tag)["marker"],
+                            f"fleet {self.name!r}",
+                            int(reply[1]),
+                            text(reply[2]),
                         ):
                             wait = 0.0
                         else:

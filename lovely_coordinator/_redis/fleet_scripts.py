@@ -129,7 +129,7 @@ end
 # ARGV: 1 id, 2 tokens, 3 unit ttl ms, 4 waiter ttl ms, 5 channel, 6 tag, 7 fresh run id
 # -> {GRANTED, ticket, server ms, drawn requests, drawn tokens ('' without a budget)}
 #  | {WAITING, ms or -1, ticket, closed 0/1}
-#  | {QUIET, ms, run id}
+#  | {QUIET, ms, "<run id>:<generation>"}
 #  | {UNGOVERNED} | {LOST}
 ADMIT: Final = (
     _FLEET_PRELUDE
@@ -156,8 +156,8 @@ end
 -- Lost state (a flush, a restart, a failover: see generation.py): a limit's units may be
 -- held elsewhere, so none is granted for a quiet period; a bucket that may be stale
 -- starts empty now.
-local wait, run_id, gen = generation(KEYS[12], tonumber(ARGV[3]), ARGV[7])
-if limit and wait > 0 then return {2, wait, run_id} end
+local wait, token, gen = generation(KEYS[12], tonumber(ARGV[3]), ARGV[7])
+if limit and wait > 0 then return {2, wait, token} end
 local ticket = redis.call('ZSCORE', KEYS[7], id)
 if not ticket then
   ticket = redis.call('INCR', KEYS[10])

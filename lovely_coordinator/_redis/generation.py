@@ -29,8 +29,12 @@ the docs ask.
 
 A boot that whoever started it *vouches for* as new (``SET lovely-coordinator:fresh-boot
 <run_id>``: nothing granted before it is held anywhere; several run ids, separated by
-spaces, for the nodes of a Cluster) has no quiet period: the client reads the key when a
-script reports one, and passes the run ids it found vouched for (see ``boot.py``).
+spaces, for the nodes of a Cluster) has no quiet period: a script that reports one names
+the marker's generation (``<run_id>:<gen>``), the client reads the key, and passes that
+token back if the boot is vouched for (see ``boot.py``). A token names one generation, so
+a marker written afresh (a flush) is never vouched for by a token found before it; the
+call that writes it never is. (A bare run id vouches for the whole boot: the scripts'
+tests use it.)
 
 **Fences** after a loss: the next token is still the larger of the counter plus one and
 the server time in microseconds (``scripts.py``), and every renewal reports the holder's
@@ -69,10 +73,11 @@ def marker_key(client: Client, base: str) -> str:
     return MARKER_KEY
 
 
-# -- generation(marker_key, ttl_ms, fresh_run_ids) -> ms still to grant nothing (<= 0: none),
-#    the server's run id, the marker's generation id (changes whenever state may be lost).
+# -- generation(marker_key, ttl_ms, vouched) -> ms still to grant nothing (<= 0: none),
+#    the generation's token "<run id>:<gen>" (what a client vouches with), the marker's
+#    generation id (changes whenever state may be lost).
 GENERATION_LUA: Final = f"""
-local function generation(marker_key, ttl_ms, fresh_run_ids)
+local function generation(marker_key, ttl_ms, vouched)
   local info = redis.call('INFO', 'server')
   local run_id = string.match(info, 'run_id:(%x+)')
   local t = redis.call('TIME')
@@ -86,11 +91,11 @@ local function generation(marker_key, ttl_ms, fresh_run_ids)
     redis.call('HSET', marker_key, 'run', run_id, 'gen', gen)
   end
   done = done + math.min(math.max(now_ms - last, 0), {TICK_MS})
-  if done < {_VOUCHED_MS} and fresh_run_ids ~= '' and
-      string.find(' ' .. fresh_run_ids .. ' ', ' ' .. run_id .. ' ', 1, true) then
+  local token = run_id .. ':' .. gen
+  if done < {_VOUCHED_MS} and (vouched == token or vouched == run_id) then
     done = {_VOUCHED_MS}
   end
   redis.call('HSET', marker_key, 'done', string.format('%.0f', done), 'last', now_ms)
-  return ttl_ms + {TICK_MS} - done, run_id, gen
+  return ttl_ms + {TICK_MS} - done, token, gen
 end
 """

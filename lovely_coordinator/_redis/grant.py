@@ -63,7 +63,7 @@ async def wait_for_grant(
         clean_up: undoes whatever this attempt may hold on the server.
         give_back: returns the grant of a reply that came too late (see the module
             docstring), keeping the place in line where there is one.
-        on_quiet: told of a quiet period (ms left, the server's run id); True if the
+        on_quiet: told of a quiet period (ms left, the generation's token); True if the
             boot turned out to be declared fresh, and the attempt should be made again
             at once.
         subscribed: whether the subscription is already up; then the watch is set

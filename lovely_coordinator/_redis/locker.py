@@ -131,7 +131,7 @@ class RedisLocker:
         client = self._client
 
         async def attempt() -> list[int]:
-            fresh = boot.fresh_run_id(client)
+            fresh = boot.vouch(client, marker)
             args: list[str | int] = [owner, self._ttl_ms, FENCE_TTL_MS, fresh, self._ttl_ms]
             reply: list[int] = await self._confirm.grant(
                 self._acquire_script,
@@ -147,7 +147,9 @@ class RedisLocker:
             lambda: self._watching(conversation_id),
             lambda: self._delete(conversation_id, owner, abandon=True),
             give_back=lambda _: self._delete(conversation_id, owner),
-            on_quiet=functools.partial(boot.on_quiet, client, f"conversation {conversation_id!r}"),
+            on_quiet=functools.partial(
+                boot.on_quiet, client, marker, f"conversation {conversation_id!r}"
+            ),
             subscribed=lambda: self._subscriber.subscribed,
             ttl=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat

@@ -105,7 +105,8 @@ class RedisPermitPool:
         check_sendable(client, "prefix", check_prefix(prefix))
         self._base = base = object_base(prefix, "pool", name)
         self._keys = [f"{base}:{part}" for part in _KEY_NAMES]
-        self._keys.append(generation.marker_key(client, base))
+        self._marker = generation.marker_key(client, base)
+        self._keys.append(self._marker)
         self._channel = f"{base}:released"
         self._acquire_script = Script(client, pool_scripts.POOL_ACQUIRE)
         self._refresh_script = Script(client, pool_scripts.POOL_REFRESH)
@@ -158,7 +159,7 @@ class RedisPermitPool:
             reply: list[int] = await self._confirm.grant(
                 self._acquire_script,
                 keys,
-                [*args, boot.fresh_run_id(client)],
+                [*args, boot.vouch(client, self._marker)],
                 give_back=give_back,
                 what=f"a permit of pool {self.name!r}",
             )
@@ -169,7 +170,9 @@ class RedisPermitPool:
             self._watching,
             lambda: self._leave(permit_id, abandon=True),
             give_back=give_back,
-            on_quiet=functools.partial(boot.on_quiet, client, f"permit pool {self.name!r}"),
+            on_quiet=functools.partial(
+                boot.on_quiet, client, self._marker, f"permit pool {self.name!r}"
+            ),
             subscribed=lambda: self._subscriber.subscribed,
             ttl=self._ttl,
             recheck=min(self._ttl / 3, MAX_RECHECK),  # also the waiter's heartbeat

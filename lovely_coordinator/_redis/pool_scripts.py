@@ -54,7 +54,7 @@ end
 
 # ARGV: id, limit, permit ttl ms, waiter ttl ms, fence ttl ms, channel, vouched run ids
 # -> {GRANTED, token, ticket} | {WAITING, ms until the first holder expires or -1, ticket}
-#  | {QUIET, ms, run id}
+#  | {QUIET, ms, "<run id>:<generation>"}
 POOL_ACQUIRE: Final = (
     _POOL_PRELUDE
     + """
@@ -73,9 +73,9 @@ if grant and redis.call('ZSCORE', KEYS[1], id) then
   local fence, ticket = string.match(grant, '(%d+) (%d+)')
   return {1, tonumber(fence), tonumber(ticket)}
 end
-local wait, run_id = generation(KEYS[7], tonumber(ARGV[3]), ARGV[7])
+local wait, token = generation(KEYS[7], tonumber(ARGV[3]), ARGV[7])
 if wait > 0 then
-  return {2, wait, run_id}  -- not even a place in line
+  return {2, wait, token}  -- not even a place in line
 end
 local ticket = redis.call('ZSCORE', KEYS[2], id)
 if not ticket then

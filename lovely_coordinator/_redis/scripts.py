@@ -57,7 +57,7 @@ __all__ = [
 # Reply tags shared with the Python side.
 GRANTED: Final = 1
 WAITING: Final = 0
-QUIET: Final = 2  # {QUIET, ms until the quiet period ends, the server's run id}
+QUIET: Final = 2  # {QUIET, ms until the quiet period ends, "<run id>:<generation>"}
 
 PRELUDE: Final = (
     """
@@ -122,7 +122,7 @@ end
 # ticket counter
 # ARGV: owner, ttl ms, fence-counter ttl ms, vouched run ids ('' if none), waiter ttl ms
 # -> {GRANTED, token, ticket (0 if unknown)} | {WAITING, remaining ttl ms or -1, ticket}
-#  | {QUIET, ms, run id}
+#  | {QUIET, ms, "<run id>:<generation>"}
 LOCK_ACQUIRE: Final = (
     PRELUDE
     + """
@@ -163,9 +163,9 @@ end
 if redis.call('ZRANGE', KEYS[3], 0, 0)[1] ~= owner then
   return {0, -1, ticket}  -- free, but someone stood in line first
 end
-local wait, run_id = generation(KEYS[4], tonumber(ARGV[2]), ARGV[4])
+local wait, token = generation(KEYS[4], tonumber(ARGV[2]), ARGV[4])
 if wait > 0 then
-  return {2, wait, run_id}
+  return {2, wait, token}
 end
 local token = mint(KEYS[2], ARGV[3], now_us())
 redis.call('SET', KEYS[1], owner .. ' ' .. fmt(token), 'PX', ARGV[2])

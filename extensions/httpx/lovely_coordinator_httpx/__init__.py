@@ -13,6 +13,7 @@ transport for clients of the older ``httpx`` is in :mod:`lovely_coordinator_http
 
 from ._transport import CoordinatedSyncTransport as CoordinatedSyncTransport
 from ._transport import CoordinatedTransport as CoordinatedTransport
+from ._transport import TransportOptions as TransportOptions
 from ._tuples import DEFAULT_PROVIDERS as DEFAULT_PROVIDERS
 from ._tuples import RequestLike as RequestLike
 from ._tuples import TupleFor as TupleFor
@@ -23,6 +24,7 @@ __all__ = [
     "CoordinatedTransport",
     "DEFAULT_PROVIDERS",
     "RequestLike",
+    "TransportOptions",
     "TupleFor",
     "tuple_for_request",
 ]

@@ -9,7 +9,7 @@ default wrapped transport.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, final
 
 import anyio
 from lovely_coordinator_limits import (
@@ -33,7 +33,7 @@ from ._flow import Admit, Admitted, Call, Discard, Read, ResponseLike, Send, Ste
 from ._flow import pool_timeout as pool_timeout_of
 from ._tuples import DEFAULT_PROVIDERS, RequestLike, tuple_for_request
 
-__all__ = ["AsyncGated", "Gate", "SyncGated"]
+__all__ = ["AsyncGated", "Gate", "Options", "SyncGated"]
 
 _ATTEMPTS_MESSAGE = "max_attempts must be a positive integer"
 
@@ -113,6 +113,20 @@ class Gate(Generic[RequestT, ResponseT]):
         else:
             estimate = estimate_tokens(content, self._tokenizer)
         return exchange(self, t, estimate, pool_timeout_of(request))
+
+
+class Options(TypedDict, Generic[RequestT], total=False):
+    """The transports' keyword arguments but ``transport``, for code that builds
+    transports with the caller's settings (``**options: Unpack[TransportOptions]``);
+    what each means is said on ``CoordinatedTransport``."""
+
+    handler: ProviderLimitHandler | None
+    tuple_for: Callable[[RequestT], ModelTupleLike | None] | None
+    providers: Mapping[str, str]
+    reject_on_closed_tuple: bool
+    max_attempts: int
+    learn_budgets: bool
+    tokenizer: Tokenizer | None
 
 
 class _AsyncInner(Protocol[_RequestIn, _ResponseOut]):

@@ -8,9 +8,14 @@ from typing import final
 import httpx2
 
 from ._bodies import generation
-from ._gate import AsyncGated, SyncGated
+from ._gate import AsyncGated, Options, SyncGated
 
-__all__ = ["CoordinatedSyncTransport", "CoordinatedTransport"]
+__all__ = ["CoordinatedSyncTransport", "CoordinatedTransport", "TransportOptions"]
+
+TransportOptions = Options[httpx2.Request]
+"""The keyword arguments of :class:`CoordinatedTransport` and :class:`CoordinatedSyncTransport`
+but ``transport``, as a ``TypedDict``: a function that builds coordinated clients takes
+them as ``**options: Unpack[TransportOptions]`` and passes them on."""
 
 _GENERATION = generation(httpx2)
 

@@ -26,12 +26,20 @@ import httpx
 from lovely_coordinator_limits import ModelTupleLike
 
 from ._bodies import generation
-from ._gate import AsyncGated, SyncGated
+from ._gate import AsyncGated, Options, SyncGated
 
-__all__ = ["CoordinatedSyncTransport", "CoordinatedTransport", "LegacyTupleFor"]
+__all__ = [
+    "CoordinatedSyncTransport",
+    "CoordinatedTransport",
+    "LegacyTransportOptions",
+    "LegacyTupleFor",
+]
 
 LegacyTupleFor = Callable[[httpx.Request], ModelTupleLike | None]
 """Maps an ``httpx`` request to its model tuple, or ``None`` to send it unscheduled."""
+
+LegacyTransportOptions = Options[httpx.Request]
+""":data:`lovely_coordinator_httpx.TransportOptions` for the ``httpx`` transports."""
 
 _GENERATION = generation(httpx)
 

@@ -12,20 +12,11 @@ import openai
 import pytest
 from lovely_coordinator_httpx.legacy import CoordinatedTransport
 from lovely_coordinator_limits import ProviderLimitHandler
-from lovely_coordinator_limits.testing import FakeProvider, Refuse
+from lovely_coordinator_limits.testing import FakeProvider, Refuse, openai_sse_on_trio
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
 
 pytestmark = pytest.mark.anyio
-
-# See test_httpx_transport: the openai SDK leaves its SSE generator chain unclosed, which
-# trio reports when the chain is collected.
-openai_sse_on_trio = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(SSEDecoder|AsyncStream|Response|AsyncHTTP11Connection|HTTP11ConnectionByteStream"
-    r"|PoolByteStream|AsyncResponseStream|BoundAsyncStream)\.:"
-    "pytest.PytestUnraisableExceptionWarning"
-)
 
 
 @asynccontextmanager

@@ -16,7 +16,7 @@ import openai
 import pytest
 from lovely_coordinator_httpx import CoordinatedTransport
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
-from lovely_coordinator_limits.testing import FakeProvider, Refuse
+from lovely_coordinator_limits.testing import FakeProvider, Refuse, openai_sse_on_trio
 from openai.types.chat import ChatCompletionMessageParam
 
 from lovely_coordinator import (
@@ -31,17 +31,10 @@ pytestmark = pytest.mark.anyio
 
 PROVIDERS = {"127.0.0.1": "local"}
 
-# The openai SDK iterates its SSE stream through a chain of async generators (its own,
-# httpx2's, httpcore2's) and stops at [DONE], or on cancellation, without closing them; on
-# trio their finalizer then warns (asyncio stays silent). The transport adds no generator
-# of its own to that chain. The tests collect garbage before they end, so the warnings
-# land in the test that is filtered and not in a later one.
-openai_sse_on_trio = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(SSEDecoder|AsyncStream|Response|AsyncHTTP11Connection|HTTP11ConnectionByteStream"
-    r"|PoolByteStream|AsyncResponseStream|BoundAsyncStream)\.:"
-    "pytest.PytestUnraisableExceptionWarning"
-)
+# Tests of openai streams are marked openai_sse_on_trio (the SDK leaves its generator chain
+# unclosed, which trio reports); they collect garbage before they end, so the warnings land
+# in the test that is filtered and not in a later one. The transport adds no generator of
+# its own to that chain.
 
 
 def _transport(

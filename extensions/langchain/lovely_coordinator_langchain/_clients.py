@@ -12,21 +12,19 @@ with the SDK's retries off. The model passed in is left as it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, Unpack, final
 
 import httpx2
 from langchain_core.language_models import BaseChatModel
 from lovely_coordinator_httpx import (
-    DEFAULT_PROVIDERS,
     CoordinatedSyncTransport,
     CoordinatedTransport,
-    TupleFor,
+    TransportOptions,
 )
-from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
+from lovely_coordinator_limits import ProviderLimitHandler
 
-from lovely_coordinator import AgentCoordinator, InvalidArgumentTypeError, get_agent_coordinator
+from lovely_coordinator import AgentCoordinator, InvalidArgumentTypeError
 
 __all__ = ["CoordinatedChat", "coordinate"]
 
@@ -112,14 +110,7 @@ class CoordinatedChat(Generic[ChatModelT]):
 def coordinate(
     model: ChatModelT,
     coordinator: AgentCoordinator | None = None,
-    *,
-    handler: ProviderLimitHandler | None = None,
-    tuple_for: TupleFor | None = None,
-    providers: Mapping[str, str] = DEFAULT_PROVIDERS,
-    reject_on_closed_tuple: bool = False,
-    max_attempts: int = 5,
-    learn_budgets: bool = True,
-    tokenizer: Tokenizer | None = None,
+    **options: Unpack[TransportOptions],
 ) -> CoordinatedChat[ChatModelT]:
     """A copy of ``model`` whose every call is one ``coordinator.request()``.
 
@@ -154,23 +145,13 @@ def coordinate(
         InvalidArgumentTypeError: ``model`` is of another kind.
         InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
-    coordinator = coordinator if coordinator is not None else get_agent_coordinator()
-    handler = handler if handler is not None else ProviderLimitHandler.for_coordinator(coordinator)
-    options: dict[str, Any] = {
-        "handler": handler,
-        "tuple_for": tuple_for,
-        "providers": providers,
-        "reject_on_closed_tuple": reject_on_closed_tuple,
-        "max_attempts": max_attempts,
-        "learn_budgets": learn_budgets,
-        "tokenizer": tokenizer,
-    }
     kind = _kind(model)
+    sync = CoordinatedSyncTransport(coordinator, **options)
     # The SDKs send their own timeouts with each request; the clients add none.
-    sync_http = httpx2.Client(transport=CoordinatedSyncTransport(coordinator, **options))
-    async_http = httpx2.AsyncClient(transport=CoordinatedTransport(coordinator, **options))
+    sync_http = httpx2.Client(transport=sync)
+    async_http = httpx2.AsyncClient(transport=CoordinatedTransport(sync.coordinator, **options))
     build = _openai if kind == "openai" else _anthropic
-    return CoordinatedChat(build(model, sync_http, async_http), sync_http, async_http, handler)
+    return CoordinatedChat(build(model, sync_http, async_http), sync_http, async_http, sync.handler)
 
 
 def _kind(model: object) -> str:

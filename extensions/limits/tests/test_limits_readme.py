@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
+from lovely_coordinator_dev.testing.readme import Readme, run_example
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-
-
-def _run(source: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", source],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+README = Readme.of(__file__)
+BLOCKS = README.blocks()
 
 
 def test_the_readme_has_its_examples() -> None:
     assert BLOCKS
-    commands = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    assert any(
-        "pip install -e" in command and "extensions/limits" in command for command in commands
-    )
+    assert README.installs("extensions/limits")
 
 
 def test_the_example_waits_out_the_limit() -> None:
     (example,) = BLOCKS
-    assert _run(example).splitlines() == ["limited; gate open: False", "ok"]
+    assert run_example(example).splitlines() == ["limited; gate open: False", "ok"]

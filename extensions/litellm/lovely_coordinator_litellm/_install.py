@@ -27,23 +27,22 @@ move in any release.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, final
+from typing import Any, Unpack, final
 
 import anyio
 import httpx
 import litellm
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
-from lovely_coordinator_httpx import DEFAULT_PROVIDERS
 from lovely_coordinator_httpx.legacy import (
     CoordinatedSyncTransport,
     CoordinatedTransport,
-    LegacyTupleFor,
+    LegacyTransportOptions,
 )
-from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
+from lovely_coordinator_limits import ProviderLimitHandler
 
-from lovely_coordinator import AgentCoordinator, UsageError, get_agent_coordinator
+from lovely_coordinator import AgentCoordinator, UsageError
 
 __all__ = ["Installation", "install"]
 
@@ -142,14 +141,7 @@ class Installation:
 
 def install(
     coordinator: AgentCoordinator | None = None,
-    *,
-    handler: ProviderLimitHandler | None = None,
-    tuple_for: LegacyTupleFor | None = None,
-    providers: Mapping[str, str] = DEFAULT_PROVIDERS,
-    reject_on_closed_tuple: bool = False,
-    max_attempts: int = 5,
-    learn_budgets: bool = True,
-    tokenizer: Tokenizer | None = None,
+    **options: Unpack[LegacyTransportOptions],
 ) -> Installation:
     """Route every httpx-based litellm provider through ``coordinator``, sync and async.
 
@@ -191,21 +183,11 @@ def install(
         InvalidArgumentError: ``max_attempts`` is not an int ≥ 1.
     """
     global _installed
-    coordinator = coordinator if coordinator is not None else get_agent_coordinator()
-    handler = handler if handler is not None else ProviderLimitHandler.for_coordinator(coordinator)
-    options: dict[str, Any] = {
-        "handler": handler,
-        "tuple_for": tuple_for,
-        "providers": providers,
-        "reject_on_closed_tuple": reject_on_closed_tuple,
-        "max_attempts": max_attempts,
-        "learn_budgets": learn_budgets,
-        "tokenizer": tokenizer,
-    }
     # Validates the options now (InvalidArgumentError), not at litellm's first request.
-    CoordinatedTransport(coordinator, transport=_UNUSED, **options)
     sync = CoordinatedSyncTransport(coordinator, **options)
-    installation = Installation(coordinator, handler, sync)
+    # The async transports, built later, on the coordinator and handler it resolved.
+    coordinator, options["handler"] = sync.coordinator, sync.handler
+    installation = Installation(coordinator, sync.handler, sync)
     with _lock:
         if _installed is not None:
             sync.close()
@@ -232,7 +214,6 @@ def install(
     return installation
 
 
-_UNUSED = httpx.AsyncBaseTransport()
 # Public (exported at litellm's top level), though not typed there.
 _close_litellm_async_clients: Callable[[], Awaitable[None]] = litellm.close_litellm_async_clients  # type: ignore[attr-defined]
 
@@ -240,7 +221,7 @@ _close_litellm_async_clients: Callable[[], Awaitable[None]] = litellm.close_lite
 def _coordinated(
     create: Callable[..., httpx.AsyncBaseTransport | None],
     coordinator: AgentCoordinator,
-    options: Mapping[str, Any],
+    options: LegacyTransportOptions,
 ) -> Callable[..., httpx.AsyncBaseTransport]:
     def create_async_transport(*args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
         inner = create(*args, **kwargs)

@@ -9,13 +9,11 @@ coordinated transport schedules, so one client covers them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Unpack
 
 import httpx2
 import openai
-from lovely_coordinator_httpx import DEFAULT_PROVIDERS, CoordinatedTransport, TupleFor
-from lovely_coordinator_limits import ProviderLimitHandler, Tokenizer
+from lovely_coordinator_httpx import CoordinatedTransport, TransportOptions
 
 from lovely_coordinator import AgentCoordinator, InvalidArgumentTypeError
 
@@ -25,14 +23,7 @@ __all__ = ["coordinated_client"]
 def coordinated_client(
     client: openai.AsyncOpenAI | None = None,
     coordinator: AgentCoordinator | None = None,
-    *,
-    handler: ProviderLimitHandler | None = None,
-    tuple_for: TupleFor | None = None,
-    providers: Mapping[str, str] = DEFAULT_PROVIDERS,
-    reject_on_closed_tuple: bool = False,
-    max_attempts: int = 5,
-    learn_budgets: bool = True,
-    tokenizer: Tokenizer | None = None,
+    **options: Unpack[TransportOptions],
 ) -> openai.AsyncOpenAI:
     """An ``AsyncOpenAI`` whose every model call is one ``coordinator.request()``.
 
@@ -66,15 +57,6 @@ def coordinated_client(
     """
     if client is not None and not isinstance(client, openai.AsyncOpenAI):
         raise InvalidArgumentTypeError("coordinated_client() takes an openai.AsyncOpenAI client")
-    options: dict[str, Any] = {
-        "handler": handler,
-        "tuple_for": tuple_for,
-        "providers": providers,
-        "reject_on_closed_tuple": reject_on_closed_tuple,
-        "max_attempts": max_attempts,
-        "learn_budgets": learn_budgets,
-        "tokenizer": tokenizer,
-    }
     http = httpx2.AsyncClient(transport=CoordinatedTransport(coordinator, **options))
     base = client if client is not None else openai.AsyncOpenAI()
     return base.with_options(http_client=http, max_retries=0)

@@ -4,39 +4,20 @@ warnings as errors."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
+from lovely_coordinator_dev.testing.readme import Readme, python_blocks, run_example
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-PROJECT_README = README.parents[2] / "README.md"
-
-
-def _project_section(title: str) -> str:
-    text = PROJECT_README.read_text(encoding="utf-8")
-    start = text.index(f"\n### {title}")
-    end = re.search(r"\n##+ ", text[start + 1 :])
-    return text[start : start + 1 + end.start()] if end else text[start:]
+README = Readme.of(__file__)
+BLOCKS = README.blocks()
+PROJECT_README = Readme(README.path.parents[2] / "README.md")
 
 
 def _run(source: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", source],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_example(source, timeout=90)
 
 
 def test_the_readme_has_its_examples() -> None:
     assert len(BLOCKS) == 1
-    commands = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    assert any("pip install -e" in c and "extensions/openai-agents" in c for c in commands)
+    assert README.installs("extensions/openai-agents")
 
 
 def test_the_delegating_agent_example_runs_at_cap_1() -> None:
@@ -44,8 +25,8 @@ def test_the_delegating_agent_example_runs_at_cap_1() -> None:
 
 
 def test_the_project_readme_example() -> None:
-    section = _project_section("OpenAI Agents SDK")
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    section = PROJECT_README.section("OpenAI Agents SDK")
+    (block,) = python_blocks(section)
     assert _run(block).splitlines() == ["done", "3"]
     assert "Covers:" in section
     assert "Does not cover:" in section

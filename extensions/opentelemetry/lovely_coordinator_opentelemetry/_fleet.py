@@ -18,10 +18,8 @@ Instruments are created once per meter provider and shared by every registration
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
-from weakref import WeakKeyDictionary
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
@@ -29,7 +27,14 @@ from opentelemetry.util.types import AttributeValue
 
 from lovely_coordinator import InvalidArgumentTypeError, ModelTuple
 
-from ._instrument import MODEL, OUTCOME, PROVIDER, WAIT_TIME_BUCKETS, _version
+from ._instrument import (
+    OUTCOME,
+    WAIT_TIME_BUCKETS,
+    _PerProvider,
+    _Registry,
+    _tuple_attributes,
+    _version,
+)
 
 if TYPE_CHECKING:  # imported when used: the core's redis extra is optional here
     from lovely_coordinator.redis import FleetTupleStatistics, RedisFleet
@@ -73,26 +78,11 @@ def instrument_fleet(
     def listener(t: ModelTuple, waited: float, outcome: str) -> None:
         tagged = cache.get((t, outcome))
         if tagged is None:
-            tagged = cache[(t, outcome)] = {**_tagged(t, extra), OUTCOME: outcome}
+            tagged = cache[(t, outcome)] = {**_tuple_attributes(t, extra), OUTCOME: outcome}
         shared.wait_time.record(waited, tagged)
 
     remove = fleet.add_listener(listener)
-    registration = _Registration(fleet, extra)
-    shared.add(registration)
-    done = False
-
-    def uninstrument() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            remove()
-            shared.discard(registration)
-
-    return uninstrument
-
-
-def _tagged(t: ModelTuple, extra: Attributes) -> Attributes:
-    return {PROVIDER: t.provider, MODEL: t.model, **extra}
+    return shared.register(_Registration(fleet, extra), remove)
 
 
 class _Registration:
@@ -105,13 +95,12 @@ class _Registration:
         self.extra = extra
 
 
-class _Shared:
+class _Shared(_Registry[_Registration]):
     """The fleet instruments of one meter provider."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
+        super().__init__()
         meter = metrics.get_meter(_SCOPE, _version(), meter_provider=provider)
-        self._lock = threading.Lock()
-        self._registrations: dict[_Registration, None] = {}
         self.wait_time = meter.create_histogram(
             "lovely_coordinator.fleet.wait_time",
             unit="s",
@@ -153,42 +142,22 @@ class _Shared:
             description="Live members of the fleet",
         )
 
-    def add(self, registration: _Registration) -> None:
-        with self._lock:
-            self._registrations[registration] = None
-
-    def discard(self, registration: _Registration) -> None:
-        with self._lock:
-            self._registrations.pop(registration, None)
-
-    def _current(self) -> list[_Registration]:
-        with self._lock:
-            return list(self._registrations)
-
     def _per_tuple(self, read: _Read) -> list[Observation]:
         found = []
-        for registration in self._current():
+        for registration in self.registrations():
             for row in registration.fleet.latest_statistics().tuples:
                 value = read(row)
                 if value is not None:
-                    found.append(Observation(value, _tagged(row.tuple, registration.extra)))
+                    found.append(
+                        Observation(value, _tuple_attributes(row.tuple, registration.extra))
+                    )
         return found
 
     def _members(self) -> list[Observation]:
         return [
             Observation(registration.fleet.latest_statistics().members, registration.extra)
-            for registration in self._current()
+            for registration in self.registrations()
         ]
 
 
-_SHARED: WeakKeyDictionary[MeterProvider, _Shared] = WeakKeyDictionary()
-_SHARED_LOCK: Final = threading.Lock()
-
-
-def _shared(provider: MeterProvider | None) -> _Shared:
-    resolved = provider if provider is not None else metrics.get_meter_provider()
-    with _SHARED_LOCK:
-        shared = _SHARED.get(resolved)
-        if shared is None:
-            shared = _SHARED[resolved] = _Shared(resolved)
-        return shared
+_shared = _PerProvider(_Shared)

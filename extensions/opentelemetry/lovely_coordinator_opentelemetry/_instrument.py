@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Final, Generic, TypeVar
 from weakref import WeakKeyDictionary
 
 from opentelemetry import context as otel_context
@@ -131,19 +131,8 @@ def instrument(
     shared = _shared_metrics(meter_provider)
     tracer = trace.get_tracer(_SCOPE, _version(), tracer_provider=tracer_provider)
     hooks = _WaitInstrument(shared, tracer, threshold, extra)
-    registration = _Registration(coordinator, extra)
     remove = coordinator.add_instrument(hooks)
-    shared.add(registration)
-    done = False
-
-    def uninstrument() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            remove()
-            shared.discard(registration)
-
-    return uninstrument
+    return shared.register(_Registration(coordinator, extra), remove)
 
 
 def _threshold(value: object) -> float | None:
@@ -242,13 +231,65 @@ class _Registration:
 _Read = Callable[[TupleStatistics | None], float | None]
 
 
-class _SharedMetrics:
+_R = TypeVar("_R", bound=Hashable)
+_S = TypeVar("_S")
+
+
+class _Registry(Generic[_R]):
+    """The registrations of instruments shared per meter provider (the OpenTelemetry API
+    cannot remove an instrument, so each ``instrument*()`` call registers with them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._registrations: dict[_R, None] = {}
+
+    def register(self, registration: _R, remove: Callable[[], None]) -> Callable[[], None]:
+        """Add ``registration``; the idempotent uninstrument returned calls ``remove`` (the
+        hook on the observed object) and takes the registration out."""
+        with self._lock:
+            self._registrations[registration] = None
+        done = False
+
+        def uninstrument() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                remove()
+                with self._lock:
+                    self._registrations.pop(registration, None)
+
+        return uninstrument
+
+    def registrations(self) -> list[_R]:
+        """The registrations now, for a collector's callback."""
+        with self._lock:
+            return list(self._registrations)
+
+
+class _PerProvider(Generic[_S]):
+    """One ``build(provider)`` per meter provider (``None``: the global one), kept as long
+    as the provider lives."""
+
+    def __init__(self, build: Callable[[MeterProvider], _S]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._built: WeakKeyDictionary[MeterProvider, _S] = WeakKeyDictionary()
+
+    def __call__(self, provider: MeterProvider | None) -> _S:
+        resolved = provider if provider is not None else metrics.get_meter_provider()
+        with self._lock:
+            built = self._built.get(resolved)
+            if built is None:
+                built = self._built[resolved] = self._build(resolved)
+            return built
+
+
+class _SharedMetrics(_Registry[_Registration]):
     """The instruments of one meter provider, shared by its registrations."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
+        super().__init__()
         meter = metrics.get_meter(_SCOPE, _version(), meter_provider=provider)
-        self._lock = threading.Lock()
-        self._registrations: dict[_Registration, None] = {}
         self.wait_time = meter.create_histogram(
             "lovely_coordinator.permit.wait_time",
             unit="s",
@@ -305,22 +346,12 @@ class _SharedMetrics:
             description="Requests the tuple's budget holds now (negative: a debt)",
         )
 
-    def add(self, registration: _Registration) -> None:
-        with self._lock:
-            self._registrations[registration] = None
-
-    def discard(self, registration: _Registration) -> None:
-        with self._lock:
-            self._registrations.pop(registration, None)
-
     def _observe(
         self, read: _Read, combine: Callable[[Iterable[float]], float]
     ) -> list[Observation]:
-        with self._lock:
-            registrations = list(self._registrations)
         values: dict[tuple[tuple[str, AttributeValue], ...], list[float]] = {}
         attributes: dict[tuple[tuple[str, AttributeValue], ...], Attributes] = {}
-        for registration in registrations:
+        for registration in self.registrations():
             for model_tuple, statistics in registration.readings():
                 value = read(statistics)
                 if value is None:
@@ -332,14 +363,4 @@ class _SharedMetrics:
         return [Observation(combine(found), attributes[key]) for key, found in values.items()]
 
 
-_SHARED: WeakKeyDictionary[MeterProvider, _SharedMetrics] = WeakKeyDictionary()
-_SHARED_LOCK: Final = threading.Lock()
-
-
-def _shared_metrics(provider: MeterProvider | None) -> _SharedMetrics:
-    resolved = provider if provider is not None else metrics.get_meter_provider()
-    with _SHARED_LOCK:
-        shared = _SHARED.get(resolved)
-        if shared is None:
-            shared = _SHARED[resolved] = _SharedMetrics(resolved)
-        return shared
+_shared_metrics = _PerProvider(_SharedMetrics)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
+from lovely_coordinator_dev.testing.readme import Readme, run_example
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Readme.of(__file__)
 
 # What the README says comes first: the application sets the global meter provider.
 _BEFORE = """
@@ -41,14 +38,7 @@ uninstrument()  # idempotent
 
 
 def test_the_example_runs_as_pasted() -> None:
-    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", _BEFORE + block + _AFTER],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    (block,) = README.blocks()
+    printed = run_example(_BEFORE + block + _AFTER)
     # One wait, granted at once: one measurement of the wait-time histogram.
-    assert result.stdout.splitlines() == ["lovely_coordinator.permit.wait_time gpt-4o 1"]
+    assert printed.splitlines() == ["lovely_coordinator.permit.wait_time gpt-4o 1"]
