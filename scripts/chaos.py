@@ -4,7 +4,7 @@
     python scripts/chaos.py --seconds 600 --seeds 1 2 3 4
     python scripts/chaos.py --faults stall restart --unfenced   # the control experiment
 
-Each run starts two throwaway servers and replica processes, injects faults (see
+Each run starts three throwaway servers and replica processes, injects faults (see
 ``tests/redis_chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
 holder accepted, never more pool holders than the limit while their permits could be shown
 held, no closure shortened, never more fleet calls in flight than the fleet's limit, and

@@ -1,8 +1,9 @@
 """Chaos runs: replica processes, real servers, faults, and an oracle that would notice.
 
-A run starts two throwaway servers: the *lock* server, which holds leases, permits and
-gates and is killed and restarted without persistence, and the *store*, which holds the
-fenced counter log and stays up (the store that receives the writes). It starts replica
+A run starts three throwaway servers: the *lock* server, which holds leases, permits and
+gates and is killed and restarted without persistence, its *standby* (a replica of it, to
+fail over to), and the *store*, which holds the fenced counter log and stays up (the store
+that receives the writes). It starts replica
 processes (``redis_chaos_replica.py``), each talking to the lock server through its own
 fault proxy (``lovely_coordinator_dev.testing.faults``), asks one of them to close a gate for
 longer than the run, and injects faults one after another, at seeded random times:
@@ -14,6 +15,11 @@ longer than the run, and injects faults one after another, at seeded random time
 ``stop``           SIGSTOP a replica at a random moment, past the ttl
 ``kill``           SIGKILL a replica and start a new one
 ``restart``        SIGKILL the lock server and start it again, empty
+``flush``          ``FLUSHALL`` on the lock server (its boot was vouched for as fresh)
+``snapshot``       snapshot the lock server, let work go on, then SIGKILL it and start it
+                   from that snapshot: the grants made since are forgotten
+``failover``       SIGKILL the lock server and promote its standby (the replicas' proxies
+                   now lead there); the old server comes back empty as the new standby
 ``delay``          the replies to one replica arrive later than the ttl, for a while
 ``cut``            the replies to one replica are lost, for a while
 ``drop``           nothing reaches one replica or the server from it, for a while
@@ -73,7 +79,10 @@ __all__ = [
 ]
 
 REPLICA = str(Path(__file__).with_name("redis_chaos_replica.py"))
-FAULTS = ("stall", "stop", "kill", "restart", "delay", "cut", "drop", "partition")
+FAULTS = (
+    "stall", "stop", "kill", "restart", "flush", "snapshot", "failover", "delay", "cut", "drop",
+    "partition",
+)  # fmt: skip
 RESTORE_BOUND = 5.0  # seconds within which a restart's closures are known again (§4, §6)
 PROPAGATION = 1.0  # seconds within which a replica up at the closure learns of it
 
@@ -301,12 +310,14 @@ class _Run:
         self,
         config: ChaosConfig,
         lock: ThrowawayServer,
+        standby: ThrowawayServer,
         store: ThrowawayServer,
         stderr: int | IO[Any] | None,
     ) -> None:
         self.config = config
         self.stderr = stderr
         self.lock = lock
+        self.standby = standby
         self.store = store
         self.rng = random.Random(config.seed)
         self.seen = Observations()
@@ -365,6 +376,30 @@ class _Run:
             await anyio.sleep(self.rng.uniform(0.05, 0.5))
             self.lock.start()
             self.seen.restarts.append(anyio.current_time())
+        elif kind == "flush":
+            self.lock.command("FLUSHALL")
+            self.seen.restarts.append(anyio.current_time())
+        elif kind == "snapshot":
+            self.lock.save()
+            await anyio.sleep(self.rng.uniform(0.3, 1.2))  # grants made now are not in it
+            self.lock.kill()
+            self.lock.start()
+            self.lock.forget_snapshot()  # a later restart is empty again
+            self.seen.restarts.append(anyio.current_time())
+        elif kind == "failover":
+            old, new = self.lock, self.standby
+            old.kill()  # what the replication had not sent yet is lost
+            new.promote()
+            for each in self.proxies:
+                each.upstream_port = new.port
+                each.partition()  # every connection to the old server is gone
+            self.seen.restarts.append(anyio.current_time())
+            await anyio.sleep(self.rng.uniform(0.05, 0.3))
+            for each in self.proxies:
+                each.heal()
+            old.start()
+            old.replicate(new)
+            self.lock, self.standby = new, old
         else:
             if kind == "delay":
                 proxy.delay(ttl * self.rng.uniform(1.2, 2.0))
@@ -389,9 +424,10 @@ class _Run:
 
 
 @contextlib.asynccontextmanager
-async def _servers() -> AsyncIterator[tuple[ThrowawayServer, ThrowawayServer]]:
-    with ThrowawayServer() as lock, ThrowawayServer() as store:
-        yield lock, store
+async def _servers() -> AsyncIterator[tuple[ThrowawayServer, ThrowawayServer, ThrowawayServer]]:
+    with ThrowawayServer() as lock, ThrowawayServer() as standby, ThrowawayServer() as store:
+        standby.replicate(lock)
+        yield lock, standby, store
 
 
 async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None) -> ChaosReport:
@@ -400,8 +436,8 @@ async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None)
     ``stderr`` receives the replicas' logs (default: this process's stderr).
     """
     began = anyio.current_time()
-    async with _servers() as (lock, store), anyio.create_task_group() as tg:
-        run = _Run(config, lock, store, stderr)
+    async with _servers() as (lock, standby, store), anyio.create_task_group() as tg:
+        run = _Run(config, lock, standby, store, stderr)
         run.tg = tg
         try:
             for _ in range(config.replicas):

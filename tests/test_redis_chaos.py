@@ -112,7 +112,7 @@ def test_the_table_has_a_row_per_run() -> None:
 
 
 async def test_a_chaos_run_keeps_every_promise() -> None:
-    report = await run_chaos(ChaosConfig(seed=12, duration=30.0))
+    report = await run_chaos(ChaosConfig(seed=12, duration=40.0))
     print(format_table([report]))
     assert report.clean, report.findings
     assert set(report.faults) == set(FAULTS)  # every kind of fault happened

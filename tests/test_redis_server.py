@@ -74,3 +74,17 @@ def test_only_the_first_start_is_declared_fresh_and_a_flush_declares_again() -> 
         server.flush()
         assert _command(server.port, "GET", "k") == b""
         assert _command(server.port, "GET", FRESH_BOOT_KEY) == run_id(server.port)
+
+
+def test_a_snapshot_is_loaded_by_the_next_start_until_forgotten() -> None:
+    with ThrowawayServer() as server:
+        server.command("SET", "k", "old")
+        server.save()
+        server.command("SET", "k", "new")  # after the snapshot: lost by the restart
+        server.restart()
+        assert server.command("GET", "k") == b"old"
+        assert server.run_id != ""
+        server.forget_snapshot()
+        server.restart()
+        assert server.command("GET", "k") == b""
+        server.forget_snapshot()  # none left: nothing to do

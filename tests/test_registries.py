@@ -109,15 +109,8 @@ def test_registries_are_independent() -> None:
 
 
 def test_resident_count_and_change_hook() -> None:
-    class Counting(CoordinatorRegistries):
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen: list[int] = []
-
-        def _registries_changed(self) -> None:
-            self.seen.append(self.resident_count)
-
-    registries = Counting()
+    seen: list[int] = []
+    registries = CoordinatorRegistries(lambda: seen.append(registries.resident_count))
     unbind_a = registries.bind_resident("a", Resident())
     unbind_b = registries.bind_resident("b", Resident())
     assert registries.resident_count == 2
@@ -127,7 +120,7 @@ def test_resident_count_and_change_hook() -> None:
     unbind_a()  # no change, no call
     unbind_b()
     assert registries.resident_count == 0
-    assert registries.seen == [1, 2, 1, 0]
+    assert seen == [1, 2, 1, 0]
 
 
 def test_a_resident_may_be_any_object_but_none() -> None:

@@ -131,7 +131,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
                     "max_concurrency differs from config.max_concurrency; pass only one"
                 )
         CoordinatorCore.__init__(self, config)
-        CoordinatorRegistries.__init__(self)
+        CoordinatorRegistries.__init__(self, self._registries_changed)
 
     def __repr__(self) -> str:
         s = self._scheduler

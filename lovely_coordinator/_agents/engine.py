@@ -130,6 +130,11 @@ class Engine:
         """Every non-idle tuple, in no particular order."""
         return (state for state in self._tuples.values() if not state.idle)
 
+    def reacquires(self) -> Iterator[Entry]:
+        """The live entries ``(order, seq, ticket)`` of the reacquires waiting for a slot,
+        in no particular order (a pure read)."""
+        return (entry for entry in self._bypass if bypass_live(entry))
+
     def next_wakeup(self) -> float | None:
         """The earliest instant a timer must call :meth:`advance` at, or None.
 
@@ -303,25 +308,27 @@ class Engine:
             heapq.heapreplace(ready, line.entry)
 
     def _grant(self, ticket: Ticket) -> None:
-        """Give ``ticket`` a slot (it left its line or the bypass heap): one of its own,
-        or, for a covered request, its cover's, which the cover takes back."""
+        """Grant queued ``ticket`` (the one rule of every grant; it left its line, or never
+        entered one). It gets a slot of its own, or, covered, runs on its cover's slot:
+        the slot the cover holds, or, parked, the one it lent, which it takes back."""
         state = ticket.tuple_state
         if self.observer is not None:
             self.observer.ended(ticket, "granted")
         ticket.state = GRANTED
         self.queued -= 1
         state.queued -= 1
-        self.active += 1
-        if ticket.covered:
+        if not ticket.covered:
+            self.active += 1
+            state.active += 1
+        else:
             cover = ticket.cover
             assert cover is not None
-            assert cover.parked
-            cover.parked = False
-            self.lent -= 1
-            cover.tuple_state.lent -= 1
-            cover.tuple_state.active += 1
-        else:
-            state.active += 1
+            if cover.parked:
+                cover.parked = False
+                self.lent -= 1
+                cover.tuple_state.lent -= 1
+                cover.tuple_state.active += 1
+                self.active += 1
         if ticket.reject and state.foreground is not None:
             state.foreground.pop(ticket, None)
         if ticket.bypass:

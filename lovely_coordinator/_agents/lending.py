@@ -100,19 +100,7 @@ class Lending(Settings):
             and (state.limit is None or state.calls < state.limit)
             and self._may_draw(state, request)
         ):
-            if self.observer is not None:
-                self.observer.ended(request, "granted")
-            request.state = GRANTED
-            self.queued -= 1
-            state.queued -= 1
-            if request.reject and state.foreground is not None:
-                state.foreground.pop(request, None)
-            state.calls += 1
-            self._draw(state, request)
-            parker = request.parker
-            if parker is not None:
-                request.parker = None
-                parker.grant(True)
+            self._grant(request)  # on the slot its cover holds
             return
         state.covered.push(request)
         if not cover.parked:

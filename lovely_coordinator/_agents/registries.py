@@ -90,22 +90,19 @@ def _unchanged() -> None:
 
 
 class CoordinatorRegistries:
-    """The three registries, as a base class of the coordinator.
+    """The three registries (the coordinator's public methods for them).
 
     All methods are synchronous and never wait. Keys are nonempty strings. Invalid
     arguments raise before anything is stored.
 
-    Subclasses that publish statistics override :meth:`_registries_changed`, which runs
-    after every change to the resident registry (the only one statistics report).
+    ``on_change`` runs after every change to the resident registry (the only one
+    statistics report): a coordinator passes the hook that publishes its statistics.
     """
 
-    def __init__(self) -> None:
-        self._residents: _Registry[ResidentAgent] = _Registry(self._registries_changed)
+    def __init__(self, on_change: Callable[[], None] = _unchanged) -> None:
+        self._residents: _Registry[ResidentAgent] = _Registry(on_change)
         self._routes: _Registry[NotificationRoute] = _Registry(_unchanged)
         self._session_contexts: _Registry[SessionContext] = _Registry(_unchanged)
-
-    def _registries_changed(self) -> None:
-        """Called after the set of residents changed. Does nothing by default."""
 
     @property
     def resident_count(self) -> int:

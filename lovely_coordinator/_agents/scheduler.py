@@ -81,8 +81,7 @@ Data structures, and why every operation is O(log n)
 from __future__ import annotations
 
 import heapq
-from time import monotonic
-from typing import final
+from typing import cast, final
 
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
@@ -166,15 +165,21 @@ class Scheduler(Lending):
             self._forget_if_idle(state)  # it may have been created just now
             raise CoordinatorBusyError()
 
-    def _order(self, order: int | None) -> tuple[int, int]:
-        """The newcomer's key: its acceptance order (drawn or seen) and its arrival."""
+    def _place(self, ticket: Ticket, order: int | None, state: TupleState) -> None:
+        """The newcomer's key: its acceptance order (drawn or seen), its arrival."""
         if order is None:
             self._counter += 1
             order = self._counter
         elif order > self._counter:
             self._counter = order
         self._seq += 1
-        return order, self._seq
+        ticket.order = order
+        ticket.seq = self._seq
+        ticket.tuple_state = state
+        if isinstance(ticket, RequestTicket):
+            ticket.accepted = order
+        else:
+            cast(PermitTicket, ticket).origin = order
 
     def _queue(self, state: TupleState, ticket: Ticket) -> None:
         self.queued += 1
@@ -204,75 +209,30 @@ class Scheduler(Lending):
             CoordinatorBusyError: ``max_queued`` waiters wait and this one would too.
             (Either way nothing changed and no order was drawn.)
         """
-        state = self._tuples.get(model_tuple)
-        if state is None:
-            state = self._tuples[model_tuple] = TupleState(model_tuple)
-        elif reject and not state.open:
-            self._refused(state)
-            raise TupleSuspendedError(SUSPENDED_MESSAGE)
-        # The hot path, inlined: with both heaps empty nobody else may run (work
-        # conservation), so a newcomer that may run is the best waiter there is.
-        limit = state.limit
-        fast = (
-            active
-            and self.active < self.limit
-            and not self._ready
-            and not self._bypass
-            and state.open
-            and (limit is None or state.active < limit)
-        )
-        if fast:  # granted at once: it never queues, so no count or line is touched
-            if order is None:
-                self._counter += 1
-                order = self._counter
-            elif order > self._counter:
-                self._counter = order
-            self._seq += 1
-            if ticket is None:
-                ticket = PermitTicket(reject)
-            ticket.order = ticket.origin = order  # (_order() and _place(), inlined)
-            ticket.seq = self._seq
-            ticket.tuple_state = state
-            ticket.state = GRANTED
-            self.active += 1
-            state.active += 1
-            if self.observer is not None:
-                self.observer.ended(ticket, "granted")
+        state = self._admit(model_tuple, reject)
+        if ticket is None:
+            ticket = PermitTicket(reject)
+        may_run = active and self.active < self.limit and state.admits
+        if may_run and not self._ready and not self._bypass:
+            # With both heaps empty nobody else may run (work conservation), so a
+            # newcomer that may run is the best waiter there is: granted at once.
+            self._place(ticket, order, state)
+            self._queue(state, ticket)
+            self._grant(ticket)
         else:
             if self.max_queued is not None:
-                self._busy(state, active and self.active < self.limit and state.admits)
-            if ticket is None:
-                ticket = PermitTicket(reject)
-            ticket.order, ticket.seq = self._order(order)
-            ticket.origin = ticket.order
-            ticket.tuple_state = state
+                self._busy(state, may_run)
+            self._place(ticket, order, state)
             self._queue(state, ticket)
             if active:
-                line = state.permits
-                if self.active >= self.limit:
-                    # The contended path, inlined (_make_eligible): no capacity, so
-                    # nothing can be granted; only the line's ready entry may need a
-                    # better key (the common case, a ticket behind the head, needs none).
-                    ticket.state = QUEUED
-                    line.push(ticket)
-                    current = line.entry
-                    if current is None or ticket.order < current[0]:
-                        self._offer(line)  # (an equal order arrived later: never better)
-                    ticket.since = monotonic()  # (_waits(), inlined)
-                    if self.observer is not None:
-                        self.observer.started(ticket)
-                else:
-                    self._make_eligible(ticket)
-                    if ticket.state != GRANTED:
-                        self._waits(ticket)
+                self._make_eligible(ticket)
             else:
                 if state.inactive is None:
                     state.inactive = {}
                 state.inactive[ticket] = None  # held only here until activated
+            if ticket.state != GRANTED:
                 self._waits(ticket)
-        self.version += 1
-        if self.hooked or self.wakeups:
-            self.on_change()
+        self._changed()
         return ticket
 
     def enqueue_request(
@@ -301,15 +261,10 @@ class Scheduler(Lending):
             and (state.budget is None or self._would_run(state, order, tokens))
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
-            # the best waiter there is; granted at once, it never queues.
-            ticket = self._place_request(ticket, order, state, reject, tokens)
-            ticket.state = GRANTED
-            self.active += 1
-            state.active += 1
-            state.calls += 1
-            self._draw(state, ticket)
-            if self.observer is not None:
-                self.observer.ended(ticket, "granted")
+            # the best waiter there is: granted at once.
+            ticket = self._new_request(ticket, order, state, reject, tokens)
+            self._queue(state, ticket)
+            self._grant(ticket)
             self._changed()
             return ticket
         covered = cover is not None and cover.state == GRANTED and cover.covering is None
@@ -317,7 +272,7 @@ class Scheduler(Lending):
             # A request its permit covers is never refused: that permit was admitted, and
             # covers one request at a time, so these waiters are bounded by the permits.
             self._busy(state, covered or self._would_run(state, order, tokens))
-        ticket = self._place_request(ticket, order, state, reject, tokens)
+        ticket = self._new_request(ticket, order, state, reject, tokens)
         self._queue(state, ticket)
         ticket.state = QUEUED
         if cover is None:
@@ -337,7 +292,7 @@ class Scheduler(Lending):
         self._changed()
         return ticket
 
-    def _place_request(
+    def _new_request(
         self,
         ticket: RequestTicket | None,
         order: int | None,
@@ -347,9 +302,7 @@ class Scheduler(Lending):
     ) -> RequestTicket:
         if ticket is None:
             ticket = RequestTicket(reject, tokens)
-        ticket.order, ticket.seq = self._order(order)
-        ticket.accepted = ticket.order
-        ticket.tuple_state = state
+        self._place(ticket, order, state)
         return ticket
 
     def _wait_own(self, ticket: RequestTicket) -> None:
@@ -434,9 +387,7 @@ class Scheduler(Lending):
                 self._forget_if_idle(ticket.tuple_state)
             if ticket.candidates is not None:
                 ticket.candidates = None
-        self.version += 1
-        if self.hooked or self.wakeups:
-            self.on_change()
+        self._changed()
 
     def _end_request(self, ticket: RequestTicket) -> None:
         state = ticket.tuple_state

@@ -29,7 +29,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, Final, Literal
 
 from .._base.types import ModelTuple
-from .engine import bypass_live
 from .lines import Line, TupleState
 from .tickets import INACTIVE, Entry, Ticket
 
@@ -124,9 +123,8 @@ def waiters(
     ``time.monotonic()`` of the same moment (for waited seconds). Call under the lock.
     """
     reacquiring: dict[TupleState, list[Entry]] = {}
-    for entry in engine._bypass:
-        if bypass_live(entry):
-            reacquiring.setdefault(entry[2].tuple_state, []).append(entry)
+    for entry in engine.reacquires():
+        reacquiring.setdefault(entry[2].tuple_state, []).append(entry)
     result: list[WaiterStatistics] = []
     for state in sorted(engine.tuple_states(), key=_by_tuple):
         if not state.queued:

@@ -244,6 +244,11 @@ class ThrowawayServer:
         """Write a snapshot now; the next start loads it (and only that)."""
         _command(self.port, "SAVE")
 
+    def forget_snapshot(self) -> None:
+        """Delete the snapshot, if any: the next start is empty again."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self._dir.name, "dump.rdb"))
+
     def replicate(self, primary: ThrowawayServer) -> None:
         """Become a replica of ``primary`` and return once in sync."""
         _command(self.port, "REPLICAOF", "127.0.0.1", str(primary.port))
