@@ -7,6 +7,10 @@ gate closes are measured between processes (``redis_workers.py``) on the system-
 monotonic clock: from just before the holder's release (or the close) to the moment the
 other process holds the lease (or its coordinator's gate is closed).
 
+Leases contended by 8 processes are measured on the server and again on a 3-node Redis
+Cluster (``testing/redis_cluster.py``) of the same binary, with an uncontended
+acquire+release on each, taken in turn.
+
 The cross-process hand-off is also measured through a TCP proxy (the fault proxy of the
 chaos runs, an asyncio process in the path) and with the machine busy (three processes
 cycling pool permits through that proxy, as the replicas of a fault run do): together they
@@ -31,6 +35,7 @@ from lovely_coordinator.redis import FencedLog, RedisGates, RedisLocker
 
 from ..testing.child import Child, running
 from ..testing.faults import FaultProxy
+from ..testing.redis_cluster import ThrowawayCluster
 from ..testing.redis_server import ThrowawayServer
 from . import Figure
 from .redis_workers import GATED, HANDOFF_ID
@@ -209,10 +214,14 @@ async def _pool_throughput(url: str, tasks: int, rounds: int) -> float:
     return grants / elapsed
 
 
-async def _contended(url: str, processes: int, rounds: int) -> tuple[list[float], int]:
+async def _contended(
+    url: str, processes: int, rounds: int, *, cluster: bool = False
+) -> tuple[list[float], int]:
     """``processes`` processes taking turns on one conversation (20 ms holds): each wait,
     and the FIFO inversions (grants, in fence order, whose ticket is below the one before)."""
-    args = ("-m", _WORKERS, "contend", url, str(rounds), "20")
+    args: tuple[str, ...] = ("-m", _WORKERS, "contend", url, str(rounds), "20")
+    if cluster:
+        args += ("--cluster",)
     async with running(*[args] * processes) as children:
         for child in children:
             assert (await child.read())["ready"]
@@ -237,6 +246,25 @@ def _latencies(name: str, samples: list[float], target: float | None, note: str)
             target=None if target is None else 2.5 * target,
         ),
     ]
+
+
+async def _single_and_cluster(url: str, cluster_url: str, rounds: int) -> list[float]:
+    """Uncontended acquire+release on one server and on a cluster, in turn."""
+    single = redis.asyncio.Redis.from_url(url)
+    on_cluster = redis.asyncio.RedisCluster.from_url(cluster_url)
+    try:
+        lockers = [RedisLocker(single, ttl=30), RedisLocker(on_cluster, ttl=30)]
+
+        def cycle(locker: RedisLocker) -> Callable[[int], Awaitable[None]]:
+            async def op(i: int) -> None:
+                await (await locker.acquire(f"k{i % 8}")).release()
+
+            return op
+
+        return await _alternating([cycle(locker) for locker in lockers], rounds)
+    finally:
+        await single.aclose()
+        await on_cluster.aclose()
 
 
 def _contention(name: str, waits: list[float], inversions: int) -> list[Figure]:
@@ -268,6 +296,12 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
     finally:
         await proxy.close()
     waits, inversions = await _contended(server.url, 8, 10 if quick else 40)
+    with ThrowawayCluster(server.executable) as cluster:
+        cluster_url = f"redis://{cluster.host}:{cluster.port}/0"
+        one, many = await _single_and_cluster(server.url, cluster_url, 300 if quick else 3000)
+        cluster_waits, cluster_inversions = await _contended(
+            cluster_url, 8, 10 if quick else 40, cluster=True
+        )
     with ThrowawayServer(server.executable) as replica:
         replica.replicate(server)
         async with redis.asyncio.Redis.from_url(server.url) as client:
@@ -286,6 +320,16 @@ async def _measure(server: ThrowawayServer, quick: bool) -> list[Figure]:
         ),
         *_latencies("  redis-py Lock hand-off", redis_py, None, "polls every 0.1 s by default"),
         *_contention("lease, 8 processes contending", waits, inversions),
+        *_contention("  same, 3-node cluster", cluster_waits, cluster_inversions),
+        Figure(
+            "  cluster / single wait p50",
+            _percentile(cluster_waits, 0.5) / _percentile(waits, 0.5),
+            "x",
+            target=1.5,
+        ),
+        Figure("acquire+release, one server", one * 1e6, "us", note="uncontended"),
+        Figure("  same, 3-node cluster", many * 1e6, "us", note="RedisCluster client"),
+        Figure("  ratio cluster / one server", many / one, "x", target=1.5),
         Figure("acquire+release, min_replicas=0", alone * 1e6, "us", note="1 replica"),
         Figure("  same, min_replicas=1", confirmed * 1e6, "us", note="WAIT after each grant"),
         Figure("  cost of min_replicas=1", (confirmed - alone) * 1e6, "us"),

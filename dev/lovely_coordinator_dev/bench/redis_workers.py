@@ -8,9 +8,9 @@ monotonic clock, so the parent can subtract its own readings from them.
   each take and release a permit ROUNDS times; report ``{"grants", "elapsed"}``.
 * ``handoff URL``: on each ``"go"``, acquire the lease on ``h`` (the parent holds it),
   report ``{"t": when granted}``, release it, report ``{"released": true}``.
-* ``contend URL ROUNDS HOLD_MS``: report ready, wait for ``"go"``, then ROUNDS times take
-  the lease on ``fair``, hold it HOLD_MS, release it; report ``{"grants": [[wait s, fence,
-  ticket], ...]}``.
+* ``contend URL ROUNDS HOLD_MS [--cluster]``: report ready, wait for ``"go"``, then ROUNDS
+  times take the lease on ``fair``, hold it HOLD_MS, release it; report ``{"grants": [[wait
+  s, fence, ticket], ...]}``. With ``--cluster``, URL is a node of a Redis Cluster.
 * ``gates URL``: keep a coordinator in step through ``RedisGates``; report
   ``{"open": bool, "t": when}`` each time the coordinator's gate of ``bench/gate`` changes,
   as its ``subscribe`` callback sees it; stop on ``"stop"``.
@@ -79,7 +79,8 @@ async def _handoff(args: argparse.Namespace) -> None:
 
 
 async def _contend(args: argparse.Namespace) -> None:
-    async with redis.asyncio.Redis.from_url(args.url) as client:
+    connect = redis.asyncio.RedisCluster if args.cluster else redis.asyncio.Redis
+    async with connect.from_url(args.url) as client:
         locker = RedisLocker(client, ttl=30)
         # Warm up (connection, script cache, the server's boot), outside the measurement.
         await (await locker.acquire(f"{CONTENDED_ID}-{os.getpid()}")).release()
@@ -126,6 +127,7 @@ def main() -> None:
     c.add_argument("url")
     c.add_argument("rounds", type=int)
     c.add_argument("hold_ms", type=float)
+    c.add_argument("--cluster", action="store_true")
     for mode in ("handoff", "gates"):
         modes.add_parser(mode).add_argument("url")
     args = parser.parse_args()
