@@ -1771,12 +1771,12 @@ async def test_statistics_and_gate_reads_are_pure() -> None:
         coord = create_agent_coordinator(1)
         coord.close_tuple(T, reopen_after=0)  # due at once: reads see it open ...
         version = coord._scheduler.version
-        armed = coord._timer.armed_at
+        armed = coord._core._timer.armed_at
         assert coord.is_tuple_open(T)
         assert coord.tuple_reopens_at(T) is None
         assert coord.statistics().tuples == ()
         assert coord._scheduler.version == version  # ... but changed nothing
-        assert coord._timer.armed_at == armed
+        assert coord._core._timer.armed_at == armed
         async with coord.permit(T):  # the timer has run by now, or runs on the way
             pass
         assert_idle(coord)
@@ -2044,7 +2044,7 @@ async def test_a_timer_that_fires_before_its_instant_arms_again() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
             await wait_all_tasks_blocked()
-            timer = coord._timer
+            timer = coord._core._timer
             assert timer._handle is not None
             timer._handle.cancel()
             timer._due()  # fires early: nothing is due yet

@@ -105,7 +105,13 @@ class Admission(Protocol):
         """
 
 
+# Keyed by the coordinator's core, which both the public coordinator (attach, learn,
+# the statistics endpoint) and its requests (admit) reach.
 _hooks: weakref.WeakKeyDictionary[object, Admission] = weakref.WeakKeyDictionary()
+
+
+def _key(coordinator: object) -> object:
+    return getattr(coordinator, "_core", coordinator)
 
 
 def attach(coordinator: object, hook: Admission) -> Callable[[], None]:
@@ -114,6 +120,7 @@ def attach(coordinator: object, hook: Admission) -> Callable[[], None]:
     Raises:
         UsageError: another hook is attached already (one fleet per coordinator).
     """
+    coordinator = _key(coordinator)
     if coordinator in _hooks:
         raise UsageError("this coordinator is already attached to a fleet")
     _hooks[coordinator] = hook
@@ -127,7 +134,7 @@ def attach(coordinator: object, hook: Admission) -> Callable[[], None]:
 
 def attached(coordinator: object) -> Admission | None:
     """The hook attached to ``coordinator``, if any."""
-    return _hooks.get(coordinator)
+    return _hooks.get(_key(coordinator))
 
 
 def admit_blocking(

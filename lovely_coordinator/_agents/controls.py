@@ -1,20 +1,23 @@
 """The coordinator's settings: the cap, tuple caps, gates and budgets (CONTRACT §1, §5).
 
-Plain synchronous methods of ``AgentCoordinator`` (which derives from
-:class:`CoordinatorControls`): each validates its arguments, then changes one setting under
-the lock, and the scheduler grants whatever that lets run before the call returns.
+Plain synchronous methods of ``AgentCoordinator`` (:class:`CoordinatorControls` is that
+half of its public API, over the core it owns): each validates its arguments, then
+changes one setting under the core's lock, and the scheduler grants whatever that lets
+run before the call returns.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .._base.types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._base.validate import as_index, as_optional_index, as_seconds
 from .admission import attached
-from .core import CoordinatorCore
 from .events import GATES, gate_closed, gate_reopened
+
+if TYPE_CHECKING:
+    from .core import CoordinatorCore
 
 __all__ = ["LIMIT_MESSAGE", "CoordinatorControls"]
 
@@ -33,15 +36,17 @@ def _remaining(value: object) -> float | None:
     return None if value is None else as_seconds(value, _REMAINING_MESSAGE)
 
 
-class CoordinatorControls(CoordinatorCore):
-    """The settings half of ``AgentCoordinator``'s public API."""
+class CoordinatorControls:
+    """The settings half of ``AgentCoordinator``'s public API (over its ``_core``)."""
+
+    _core: CoordinatorCore
 
     # -- settings --------------------------------------------------------------------------------
 
     def next_acceptance_order(self) -> int:
         """The next acceptance order: 1, 2, 3, … and always above every order seen."""
-        with self._lock:
-            return self._scheduler.next_order()
+        with self._core._lock:
+            return self._core._scheduler.next_order()
 
     def set_max_concurrency(self, limit: int) -> None:
         """Change the global cap. Growing grants waiters at once, in order; shrinking
@@ -51,8 +56,8 @@ class CoordinatorControls(CoordinatorCore):
             InvalidArgumentError: ``limit`` is not an int ≥ 1; the cap is unchanged.
         """
         value = as_index(limit, LIMIT_MESSAGE)
-        with self._lock:
-            self._scheduler.set_limit(value)
+        with self._core._lock:
+            self._core._scheduler.set_limit(value)
 
     def set_tuple_limit(self, t: ModelTupleLike, limit: int | None) -> None:
         """Cap how many slots of tuple ``t`` may be taken at once (None: no cap).
@@ -65,8 +70,8 @@ class CoordinatorControls(CoordinatorCore):
         """
         model_tuple = as_model_tuple(t)
         value = as_optional_index(limit, _TUPLE_LIMIT_MESSAGE)
-        with self._lock:
-            self._scheduler.set_tuple_limit(model_tuple, value)
+        with self._core._lock:
+            self._core._scheduler.set_tuple_limit(model_tuple, value)
 
     def close_tuple(self, t: ModelTupleLike, *, reopen_after: float | None = None) -> None:
         """Close tuple ``t``'s gate: its waiters stay queued but are not granted.
@@ -89,26 +94,29 @@ class CoordinatorControls(CoordinatorCore):
         """
         model_tuple = as_model_tuple(t)
         after = None if reopen_after is None else as_seconds(reopen_after, _REOPEN_MESSAGE)
-        with self._lock:
-            self._follow()
-            now = self._clock.now()
+        with self._core._lock:
+            self._core._follow()
+            now = self._core._clock.now()
             at = None if after is None else now + after
             if not GATES.isEnabledFor(logging.INFO):
-                self._scheduler.close(model_tuple, at)
+                self._core._scheduler.close(model_tuple, at)
                 return
             before = self._gate(model_tuple)
-            self._scheduler.close(model_tuple, at)
+            self._core._scheduler.close(model_tuple, at)
             gate_closed(
-                model_tuple, before, self._gate(model_tuple), now + self._clock.here_minus_home()
+                model_tuple,
+                before,
+                self._gate(model_tuple),
+                now + self._core._clock.here_minus_home(),
             )
 
     def _gate(self, model_tuple: ModelTuple) -> tuple[bool, float | None]:
         # (open, reopens_at on the caller's clock), for the log (under the lock).
-        state = self._scheduler.tuple_state(model_tuple)
+        state = self._core._scheduler.tuple_state(model_tuple)
         if state is None or state.open:
             return True, None
         at = state.reopens_at
-        return False, None if at is None else at + self._clock.here_minus_home()
+        return False, None if at is None else at + self._core._clock.here_minus_home()
 
     def open_tuple(self, t: ModelTupleLike) -> None:
         """Open tuple ``t``'s gate (fine when open); its waiters may be granted at once.
@@ -117,9 +125,9 @@ class CoordinatorControls(CoordinatorCore):
             InvalidArgumentError: a bad tuple.
         """
         model_tuple = as_model_tuple(t)
-        with self._lock:
-            was_open = self._scheduler.is_open(model_tuple, None)
-            self._scheduler.open(model_tuple)
+        with self._core._lock:
+            was_open = self._core._scheduler.is_open(model_tuple, None)
+            self._core._scheduler.open(model_tuple)
         if not was_open and GATES.isEnabledFor(logging.INFO):
             gate_reopened(model_tuple, "open_tuple")
 
@@ -130,8 +138,8 @@ class CoordinatorControls(CoordinatorCore):
             InvalidArgumentError: a bad tuple.
         """
         model_tuple = as_model_tuple(t)
-        with self._lock:
-            return self._scheduler.is_open(model_tuple, self._clock.now())
+        with self._core._lock:
+            return self._core._scheduler.is_open(model_tuple, self._core._clock.now())
 
     def tuple_reopens_at(self, t: ModelTupleLike) -> float | None:
         """When tuple ``t``'s gate reopens by itself, on the anyio clock of the calling
@@ -142,13 +150,13 @@ class CoordinatorControls(CoordinatorCore):
             InvalidArgumentError: a bad tuple.
         """
         model_tuple = as_model_tuple(t)
-        with self._lock:
-            now = self._clock.now()
-            if self._scheduler.is_open(model_tuple, now):
+        with self._core._lock:
+            now = self._core._clock.now()
+            if self._core._scheduler.is_open(model_tuple, now):
                 return None
-            state = self._scheduler.tuple_state(model_tuple)
+            state = self._core._scheduler.tuple_state(model_tuple)
             at = None if state is None else state.reopens_at
-            return None if at is None else at + self._clock.here_minus_home()
+            return None if at is None else at + self._core._clock.here_minus_home()
 
     def set_budget(
         self,
@@ -169,9 +177,9 @@ class CoordinatorControls(CoordinatorCore):
         """
         model_tuple = as_model_tuple(t)
         requests, tokens = _budget(requests_per_minute), _budget(tokens_per_minute)
-        with self._lock:
-            self._follow()
-            self._scheduler.set_budget(model_tuple, requests, tokens)
+        with self._core._lock:
+            self._core._follow()
+            self._core._scheduler.set_budget(model_tuple, requests, tokens)
 
     def learn_budget(
         self,
@@ -202,6 +210,8 @@ class CoordinatorControls(CoordinatorCore):
         if hook is not None:  # a fleet: the provider's budget is the fleet's (_admission.py)
             hook.learn(model_tuple, requests, tokens, left_requests, left_tokens)
             return
-        with self._lock:
-            self._follow()
-            self._scheduler.learn_budget(model_tuple, requests, tokens, left_requests, left_tokens)
+        with self._core._lock:
+            self._core._follow()
+            self._core._scheduler.learn_budget(
+                model_tuple, requests, tokens, left_requests, left_tokens
+            )

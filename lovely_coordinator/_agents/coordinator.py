@@ -7,6 +7,12 @@ shell that validates arguments, holds the lock, parks tasks on a
 waiter inside the call that frees the slot, so between a release and the next waiter's
 resumption the slot belongs to that waiter and nobody can barge in.
 
+Composition: an :class:`AgentCoordinator` *owns* its machinery, a ``core.CoordinatorCore``
+(the lock, the scheduler, the clock and timer, the update hub: what the handles it gives
+out talk to) and its registries; its public methods come in three flat halves (settings,
+``controls.py``; observation, ``observe.py``; registries, ``registries.py``), each over
+those parts, none overriding another.
+
 Cancellation (always through anyio cancel scopes): a waiter cancelled while queued leaves
 the queue; one whose cancellation reaches it after its grant but before it resumed hands
 the slot on, so a slot is never leaked. (A cancellation *requested* after the waiter was
@@ -16,8 +22,8 @@ on the way out.) A call cancelled before it enqueued takes no acceptance order.
 
 Threads: the coordinator is process-global, so event loops in several threads may use it
 at once. Every state change happens under one re-entrant lock; a grant made on one thread
-wakes a task parked on another through that task's loop (``_waiter``), and timed events
-keep running on the coordinator's home loop (``_timers``). The guarantees are the same.
+wakes a task parked on another through that task's loop (``_base.waiter``), and timed
+events keep running on the coordinator's home loop (``timers``). The guarantees are the same.
 """
 
 from __future__ import annotations
@@ -130,8 +136,13 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
                 raise InvalidArgumentError(
                     "max_concurrency differs from config.max_concurrency; pass only one"
                 )
-        CoordinatorCore.__init__(self, config)
-        CoordinatorRegistries.__init__(self, self._registries_changed)
+        core = self._core = CoordinatorCore(config)
+        CoordinatorRegistries.__init__(self, core._registries_changed)
+        core.residents = self._residents.__len__
+        # The core's parts, for reads here (and for tests and extensions that look inside).
+        self._scheduler = core._scheduler
+        self._clock = core._clock
+        self._lock = core._lock
 
     def __repr__(self) -> str:
         s = self._scheduler
@@ -147,7 +158,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
     @property
     def config(self) -> CoordinatorConfig:
         """The configuration this coordinator was created with."""
-        return self._config
+        return self._core._config
 
     @property
     def max_concurrency(self) -> int:
@@ -204,7 +215,8 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
             CoordinatorBusyError: ``max_queued`` waiters already wait.
         """
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        return AgentPermit(self, await self._acquire(model_tuple, order, reject_on_closed_tuple))
+        core = self._core
+        return AgentPermit(core, await core._acquire(model_tuple, order, reject_on_closed_tuple))
 
     def permit(
         self,
@@ -223,7 +235,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         :class:`UsageError`.
         """
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        return PermitContext(self, model_tuple, order, reject_on_closed_tuple)
+        return PermitContext(self._core, model_tuple, order, reject_on_closed_tuple)
 
     async def run(
         self,
@@ -242,8 +254,9 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         """
         as_callable(work, WORK_MESSAGE)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
-        ticket = await self._acquire(model_tuple, order, reject_on_closed_tuple)
-        return await AgentPermit(self, ticket)._run(work)
+        core = self._core
+        ticket = await core._acquire(model_tuple, order, reject_on_closed_tuple)
+        return await AgentPermit(core, ticket)._run(work)
 
     def reserve(
         self,
@@ -263,7 +276,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
         with self._lock:
             ticket = self._scheduler.enqueue(model_tuple, order, False, reject_on_closed_tuple)
-        return AgentReservation(self, ticket)
+        return AgentReservation(self._core, ticket)
 
     def request(
         self,
@@ -305,7 +318,9 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         charge = as_tokens(tokens)
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
         as_bool(current, _CURRENT_MESSAGE)
-        return RequestContext(self, model_tuple, charge, order, reject_on_closed_tuple, current)
+        return RequestContext(
+            self._core, model_tuple, charge, order, reject_on_closed_tuple, current
+        )
 
     def request_sync(
         self,
@@ -346,7 +361,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         model_tuple, order = self._check(t, acceptance_order, reject_on_closed_tuple)
         limit = as_timeout(timeout)
         return BlockingRequestContext(
-            self, model_tuple, charge, order, reject_on_closed_tuple, limit
+            self._core, model_tuple, charge, order, reject_on_closed_tuple, limit
         )
 
     # -- lending -------------------------------------------------------------------------------
@@ -360,7 +375,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         permit stays current after it is released, until its body ends; check
         ``permit.held``.
         """
-        return find_permit(self)
+        return find_permit(self._core)
 
     async def with_lent_permit(self, wait: Callable[[], Awaitable[T]]) -> T:
         """Await ``wait()`` while lending the current permit of this coordinator, if any.
@@ -383,7 +398,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         if permit is None or permit._ticket.state == DONE:
             yield
             return
-        self._lend_begin(permit._ticket)
+        self._core._lend_begin(permit._ticket)
         try:
             yield
         except BaseException:
@@ -398,7 +413,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
 
         A pure read: it changes nothing, and arms or fires no timer.
         """
-        return self._statistics()
+        return self._core._statistics()
 
     def tuple_statistics(self, t: ModelTupleLike) -> TupleStatistics | None:
         """One tuple's entry of :meth:`statistics` (None where it would not be listed),
@@ -427,7 +442,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         Raises:
             InvalidArgumentTypeError: ``callback`` is not callable.
         """
-        return self._hub.subscribe(as_callable(callback, "callback must be callable"))
+        return self._core._hub.subscribe(as_callable(callback, "callback must be callable"))
 
     def watch(self) -> AsyncGenerator[CoordinatorStatistics]:
         """``async for s in coordinator.watch():`` the current statistics, then the latest
@@ -437,4 +452,4 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         ``async with contextlib.aclosing(coordinator.watch()) as updates:`` (trio asks
         this of every async generator left before it ends).
         """
-        return self._hub.watch()
+        return self._core._hub.watch()

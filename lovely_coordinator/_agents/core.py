@@ -4,13 +4,14 @@
 methods below, each of which holds the lock and calls the scheduler), and what keeps the
 world around the scheduler in step with it: the one change hook that notifies listeners
 and keeps the one timer at the next wake-up, and the home loop that timed events run on.
-The public methods live on ``AgentCoordinator``, which derives from it.
+``AgentCoordinator`` owns one (composition: it is the public face, the core the
+machinery); every handle it gives out holds the core, never the public object.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import anyio.lowlevel
@@ -30,12 +31,19 @@ __all__ = ["RELEASED_MESSAGE", "CoordinatorCore"]
 RELEASED_MESSAGE: Final = "Agent permit released while waiting to reacquire"
 
 
-class CoordinatorCore:
-    """The lock, scheduler, clock, timer and hub of one coordinator (see the module)."""
+def _no_residents() -> int:
+    return 0
 
-    resident_count: int  # from the registries, beside it in AgentCoordinator
+
+class CoordinatorCore:
+    """The lock, scheduler, clock, timer and hub of one coordinator (see the module).
+
+    ``residents`` counts the coordinator's residents for its statistics (its owner sets
+    it to its registry's count).
+    """
 
     def __init__(self, config: CoordinatorConfig) -> None:
+        self.residents: Callable[[], int] = _no_residents
         self._config = config
         self._lock = threading.RLock()
         self._clock = LoopClock()
@@ -97,7 +105,7 @@ class CoordinatorCore:
 
     def _statistics(self) -> CoordinatorStatistics:
         with self._lock:
-            return snapshot(self._scheduler, self._clock, self.resident_count)
+            return snapshot(self._scheduler, self._clock, self.residents())
 
     # -- taking a slot --------------------------------------------------------------------------
 

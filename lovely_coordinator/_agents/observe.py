@@ -32,8 +32,10 @@ _PORT_MESSAGE: Final = "port must be an integer from 0 to 65535"
 _HOST_MESSAGE: Final = "host must be a nonempty string"
 
 
-class CoordinatorObservation(CoordinatorCore):
-    """The observing half of ``AgentCoordinator``'s public API."""
+class CoordinatorObservation:
+    """The observing half of ``AgentCoordinator``'s public API (over its ``_core``)."""
+
+    _core: CoordinatorCore
 
     def add_instrument(self, instrument: Instrument) -> Callable[[], None]:
         """Tell ``instrument`` about every wait from now on (see :class:`Instrument`).
@@ -51,11 +53,11 @@ class CoordinatorObservation(CoordinatorCore):
         if not isinstance(instrument, Instrument):
             raise InvalidArgumentTypeError("instrument must be a lovely_coordinator.Instrument")
         token = object()
-        with self._lock:
+        with self._core._lock:
             self._set_instruments((*self._instrument_entries(), (token, instrument)))
 
         def remove() -> None:
-            with self._lock:
+            with self._core._lock:
                 entries = self._instrument_entries()
                 kept = tuple(entry for entry in entries if entry[0] is not token)
                 if len(kept) != len(entries):
@@ -64,11 +66,11 @@ class CoordinatorObservation(CoordinatorCore):
         return remove
 
     def _instrument_entries(self) -> tuple[tuple[object, Instrument], ...]:
-        observer = self._scheduler.observer
+        observer = self._core._scheduler.observer
         return () if observer is None else observer.entries
 
     def _set_instruments(self, entries: tuple[tuple[object, Instrument], ...]) -> None:
-        self._scheduler.observer = Dispatch(entries) if entries else None
+        self._core._scheduler.observer = Dispatch(entries) if entries else None
 
     def serve_statistics(
         self, host: str = "127.0.0.1", port: int = 0
@@ -113,9 +115,9 @@ class CoordinatorObservation(CoordinatorCore):
             yield address
 
     def _document(self) -> bytes:
-        with self._lock:
-            statistics = snapshot(self._scheduler, self._clock, self.resident_count)
-            found = waiters(self._scheduler, self._clock.now(), monotonic())
+        with self._core._lock:
+            statistics = snapshot(self._core._scheduler, self._core._clock, self._core.residents())
+            found = waiters(self._core._scheduler, self._core._clock.now(), monotonic())
         content = document(statistics, found)
         hook = attached(self)
         if hook is not None:  # a fleet: its view beside the process's

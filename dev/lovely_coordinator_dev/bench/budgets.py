@@ -65,7 +65,7 @@ def _pacing(seconds: float, tasks: int, per_minute: float) -> tuple[int, float, 
         coordinator = create_agent_coordinator(tasks)
         coordinator.set_budget(_T, requests_per_minute=per_minute)
         scheduler = coordinator._scheduler
-        timer = coordinator._timer
+        timer = coordinator._core._timer
         fire = timer._fire
 
         def counting_fire() -> None:

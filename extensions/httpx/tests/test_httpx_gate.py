@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anthropic
@@ -18,13 +18,13 @@ import anyio.to_thread
 import httpx2
 import openai
 import pytest
+from lovely_coordinator_dev.testing.waits import until_statistics
 from lovely_coordinator_httpx import CoordinatedTransport
 from lovely_coordinator_limits import ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse, openai_sse_on_trio
 
 from lovely_coordinator import (
     AgentCoordinator,
-    CoordinatorStatistics,
     InvalidArgumentError,
     ModelTuple,
     TupleStatistics,
@@ -49,24 +49,6 @@ async def _openai(
         http_client=httpx2.AsyncClient(transport=transport),
     ) as client:
         yield client
-
-
-async def _until(
-    coordinator: AgentCoordinator, holds: Callable[[CoordinatorStatistics], bool]
-) -> None:
-    """Wait, without polling, until the coordinator's statistics satisfy ``holds``."""
-    ready = anyio.Event()
-
-    def check(snapshot: CoordinatorStatistics) -> None:
-        if holds(snapshot):
-            ready.set()
-
-    unsubscribe = coordinator.subscribe(check)
-    try:
-        if not holds(coordinator.statistics()):
-            await ready.wait()
-    finally:
-        unsubscribe()
 
 
 def _entry(coordinator: AgentCoordinator, t: ModelTuple = T) -> TupleStatistics | None:
@@ -99,7 +81,7 @@ async def test_calls_fanned_out_under_one_permit_stay_within_the_cap(
                     tg.start_soon(ask)
                 # The permit covers one call, three more take the free slots, six wait.
                 await anyio.to_thread.run_sync(fake_provider.wait_for_in_flight, "gpt-test", 4)
-                await _until(coordinator, lambda s: s.queued == 6)
+                await until_statistics(coordinator, lambda s: s.queued == 6)
                 assert fake_provider.in_flight("gpt-test") == 4
                 fake_provider.resume("gpt-test")
         assert answers == ["ok"] * 10
@@ -125,13 +107,13 @@ async def test_a_429_is_retried_without_holding_a_slot_and_keeps_its_place(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask, "first")
-                await _until(coordinator, lambda s: not coordinator.is_tuple_open(T))
-                await _until(coordinator, lambda s: s.queued == 1 and s.active == 0)
+                await until_statistics(coordinator, lambda s: not coordinator.is_tuple_open(T))
+                await until_statistics(coordinator, lambda s: s.queued == 1 and s.active == 0)
                 # The slot is free meanwhile: another model's call goes through at once.
                 await ask("other model", "calm")
                 # A later call for the closed model queues behind the first.
                 tg.start_soon(ask, "second")
-                await _until(coordinator, lambda s: s.queued == 2)
+                await until_statistics(coordinator, lambda s: s.queued == 2)
                 coordinator.open_tuple(T)  # the wait is over (rather than wait 60 s)
         assert finished == ["other model", "first", "second"]
         assert [s.status for s in fake_provider.seen("gpt-test")] == [429, 200, 200]
@@ -197,8 +179,8 @@ async def test_a_request_cancelled_while_it_waits_to_resend_leaves_nothing(
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_chat, client)
-                    await _until(coordinator, lambda s: not coordinator.is_tuple_open(T))
-                    await _until(coordinator, lambda s: s.queued == 1)
+                    await until_statistics(coordinator, lambda s: not coordinator.is_tuple_open(T))
+                    await until_statistics(coordinator, lambda s: s.queued == 1)
                     scope.cancel()
             stats = coordinator.statistics()
             assert (stats.active, stats.queued) == (0, 0)
@@ -227,7 +209,7 @@ async def test_a_429_storm_on_one_tuple_while_two_others_flow(
                 for _ in range(6):
                     tg.start_soon(ask, STORM)
                 storm = ModelTuple("local", STORM)
-                await _until(coordinator, lambda s: not coordinator.is_tuple_open(storm))
+                await until_statistics(coordinator, lambda s: not coordinator.is_tuple_open(storm))
                 for model in CALM:
                     for _ in range(10):
                         tg.start_soon(ask, model)

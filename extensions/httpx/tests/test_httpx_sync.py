@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -20,6 +20,7 @@ import httpx
 import httpx2
 import openai
 import pytest
+from lovely_coordinator_dev.testing.waits import wait_until
 from lovely_coordinator_httpx import CoordinatedSyncTransport, CoordinatedTransport, legacy
 from lovely_coordinator_limits import ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Refuse
@@ -83,13 +84,6 @@ def _idle(coordinator: AgentCoordinator) -> None:
     assert (stats.active, stats.queued) == (0, 0), stats
 
 
-def _wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.001)
-
-
 def test_eight_threads_of_sync_clients_stay_within_the_cap(
     fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
@@ -100,7 +94,7 @@ def test_eight_threads_of_sync_clients_stay_within_the_cap(
     with _openai(fake_provider_url, coordinator) as client, ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(_chat, client) for _ in range(8)]
         assert fake_provider.wait_for_in_flight("gpt-test", 3, BOUND)
-        _wait_until(lambda: coordinator.queued_count == 5)
+        wait_until(lambda: coordinator.queued_count == 5, BOUND)
         assert fake_provider.in_flight("gpt-test") == 3
         fake_provider.resume("gpt-test")
         assert [f.result(BOUND) for f in futures] == ["ok"] * 8
@@ -132,7 +126,7 @@ def test_sync_and_async_callers_share_one_line(
         first = pool.submit(anyio.run, async_call)
         assert fake_provider.wait_for_in_flight("gpt-test", 1, BOUND)
         second = pool.submit(lambda: results.append("sync:" + _chat(client)))
-        _wait_until(lambda: coordinator.queued_count == 1)
+        wait_until(lambda: coordinator.queued_count == 1, BOUND)
         fake_provider.resume("gpt-test")
         first.result(BOUND)
         second.result(BOUND)
@@ -322,7 +316,7 @@ def test_legacy_httpx_sync_clients_from_threads(
     ):
         futures = [pool.submit(_chat, client, 3000) for _ in range(4)]
         assert fake_provider.wait_for_in_flight("gpt-test", 2, BOUND)
-        _wait_until(lambda: coordinator.queued_count == 2)
+        wait_until(lambda: coordinator.queued_count == 2, BOUND)
         fake_provider.resume("gpt-test")
         assert [f.result(BOUND) for f in futures] == ["ok"] * 4
     assert fake_provider.peak_in_flight("gpt-test") == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +14,7 @@ import anyio.lowlevel
 import httpx2
 import openai
 import pytest
+from lovely_coordinator_dev.testing.waits import until_statistics
 from lovely_coordinator_httpx import CoordinatedTransport
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Refuse, openai_sse_on_trio
@@ -72,25 +73,6 @@ async def _anthropic(
         yield client
 
 
-async def _until(
-    coordinator: AgentCoordinator, holds: Callable[[CoordinatorStatistics], bool]
-) -> None:
-    """Wait, without polling, until the coordinator's statistics satisfy ``holds``."""
-    ready = anyio.Event()
-
-    def check(snapshot: CoordinatorStatistics) -> None:
-        if holds(snapshot):
-            ready.set()
-
-    unsubscribe = coordinator.subscribe(check)
-    try:
-        # Subscribed before this first look and before any await: no update can be missed.
-        if not holds(coordinator.statistics()):
-            await ready.wait()
-    finally:
-        unsubscribe()
-
-
 async def _chat(client: openai.AsyncOpenAI, model: str) -> str | None:
     reply = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}]
@@ -130,7 +112,7 @@ async def test_a_request_waits_for_a_permit(
                 tg.start_soon(ask)
                 # Event-driven, not wait_all_tasks_blocked(): the SDK may park the task on a
                 # worker thread (platform detection) before it reaches the transport.
-                await _until(coordinator, lambda s: s.queued == 1)
+                await until_statistics(coordinator, lambda s: s.queued == 1)
                 assert provider.seen() == []
                 held.release()
         assert answers == ["ok"]
@@ -199,7 +181,7 @@ async def test_two_open_streams_of_one_task_take_a_slot_each(
             # A plain call meanwhile takes a slot of its own as well.
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_chat, client, "gpt-test")
-                await _until(coordinator, lambda s: s.queued == 1)
+                await until_statistics(coordinator, lambda s: s.queued == 1)
                 await first.close()
             await second.close()
             assert coordinator.active_count == 0
@@ -260,7 +242,7 @@ async def test_a_request_cancelled_while_queued_leaves_no_trace(
             held = await coordinator.acquire(("local", "gpt-test"))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_chat, client, "gpt-test")
-                await _until(coordinator, lambda s: s.queued == 1)
+                await until_statistics(coordinator, lambda s: s.queued == 1)
                 tg.cancel_scope.cancel()
             assert coordinator.queued_count == 0
             held.release()
@@ -450,7 +432,7 @@ async def test_a_429_storm_on_three_tuples_leaves_the_others_flowing(
                 for model in STORM:
                     for _ in range(3):
                         storm.start_soon(persist, model)
-                await _until(coordinator, lambda s: _closed(s) >= set(STORM))
+                await until_statistics(coordinator, lambda s: _closed(s) >= set(STORM))
                 async with anyio.create_task_group() as calm:
                     for model in CALM:
                         for _ in range(5):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -11,13 +10,13 @@ import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI
+from lovely_coordinator_dev.testing.waits import until_statistics
 from lovely_coordinator_langchain import coordinate
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse
 
 from lovely_coordinator import (
     AgentCoordinator,
-    CoordinatorStatistics,
     InvalidArgumentTypeError,
     ModelTuple,
     create_agent_coordinator,
@@ -45,14 +44,6 @@ def _handler(coordinator: AgentCoordinator) -> ProviderLimitHandler:
     )
 
 
-async def _until(
-    coordinator: AgentCoordinator, done: Callable[[CoordinatorStatistics], bool]
-) -> None:
-    async for statistics in coordinator.watch():
-        if done(statistics):
-            return
-
-
 async def _answer(model: BaseChatModel) -> Any:
     return (await model.ainvoke("hello")).content
 
@@ -71,7 +62,7 @@ async def test_the_cap_holds_at_the_provider_under_fan_out(
                 for _ in range(6):
                     tg.start_soon(_answer, gpt_model)
                     tg.start_soon(_answer, claude_model)
-                await _until(coordinator, lambda s: s.active == 3 and s.queued == 9)
+                await until_statistics(coordinator, lambda s: s.active == 3 and s.queued == 9)
                 await anyio.to_thread.run_sync(fake_provider.wait_for_in_flight, None, 3)
                 assert fake_provider.in_flight() == 3
                 fake_provider.resume("gpt-test")
@@ -165,7 +156,7 @@ async def test_the_responses_api_goes_through_the_same_client(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_answer, model)
                 tg.start_soon(_answer, model)
-                await _until(coordinator, lambda s: s.active == 1 and s.queued == 1)
+                await until_statistics(coordinator, lambda s: s.active == 1 and s.queued == 1)
                 fake_provider.resume("gpt-test")
     assert [s.api for s in fake_provider.seen()] == ["responses", "responses"]
     assert fake_provider.peak_in_flight() == 1

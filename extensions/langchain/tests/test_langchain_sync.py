@@ -6,13 +6,12 @@ the provider (which holds requests on ``pause``) and from the coordinator's stat
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI
+from lovely_coordinator_dev.testing.waits import wait_until
 from lovely_coordinator_langchain import CoordinatedRateLimiter, coordinate
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse
@@ -36,13 +35,6 @@ def _answer(model: BaseChatModel) -> object:
     return model.invoke("hello").content
 
 
-def _wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.001)
-
-
 def test_threads_of_invoke_stay_within_the_cap(
     fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
@@ -56,7 +48,7 @@ def test_threads_of_invoke_stay_within_the_cap(
     ):
         futures = [pool.submit(_answer, model) for model in [gpt, claude] * 6]
         assert fake_provider.wait_for_in_flight(None, 3, BOUND)
-        _wait_until(lambda: coordinator.queued_count == 9)
+        wait_until(lambda: coordinator.queued_count == 9, BOUND)
         assert fake_provider.in_flight() == 3
         fake_provider.resume("gpt-test")
         fake_provider.resume("claude-test")

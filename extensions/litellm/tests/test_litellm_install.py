@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -11,13 +11,13 @@ import litellm
 import pytest
 from anyio.lowlevel import checkpoint
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+from lovely_coordinator_dev.testing.waits import until_statistics
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse
 from lovely_coordinator_litellm import Installation, install
 
 from lovely_coordinator import (
     AgentCoordinator,
-    CoordinatorStatistics,
     InvalidArgumentError,
     ModelTuple,
     UsageError,
@@ -62,14 +62,6 @@ async def _ask(url: str, model: str, **options: Any) -> Any:
     )
 
 
-async def _until(
-    coordinator: AgentCoordinator, done: Callable[[CoordinatorStatistics], bool]
-) -> None:
-    async for statistics in coordinator.watch():
-        if done(statistics):
-            return
-
-
 async def test_the_cap_holds_at_the_provider_under_fan_out(
     installed: Installation, fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
@@ -81,7 +73,7 @@ async def test_the_cap_holds_at_the_provider_under_fan_out(
             for _ in range(6):
                 tg.start_soon(_ask, fake_provider_url, "openai/gpt-test")
                 tg.start_soon(_ask, fake_provider_url, "anthropic/claude-test")
-            await _until(coordinator, lambda s: s.active == 3 and s.queued == 9)
+            await until_statistics(coordinator, lambda s: s.active == 3 and s.queued == 9)
             await anyio.to_thread.run_sync(fake_provider.wait_for_in_flight, None, 3)
             assert fake_provider.in_flight() == 3
             fake_provider.resume("gpt-test")

@@ -6,13 +6,13 @@ the provider (which holds requests on ``pause``) and from the coordinator's stat
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import litellm
 import pytest
+from lovely_coordinator_dev.testing.waits import wait_until
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse
 from lovely_coordinator_litellm import Installation, install
@@ -52,13 +52,6 @@ def _ask(url: str, model: str) -> Any:
     return reply.choices[0].message.content
 
 
-def _wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.001)
-
-
 def test_threads_of_completion_stay_within_the_cap(
     installed: Installation, fake_provider: FakeProvider, fake_provider_url: str
 ) -> None:
@@ -69,7 +62,7 @@ def test_threads_of_completion_stay_within_the_cap(
     with ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(_ask, fake_provider_url, model) for model in models]
         assert fake_provider.wait_for_in_flight(None, 3, BOUND)
-        _wait_until(lambda: coordinator.queued_count == 9)
+        wait_until(lambda: coordinator.queued_count == 9, BOUND)
         assert fake_provider.in_flight() == 3
         fake_provider.resume("gpt-test")
         fake_provider.resume("claude-test")

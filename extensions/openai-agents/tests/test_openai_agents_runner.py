@@ -11,13 +11,13 @@ import openai
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
 from agents.models.interface import Model
+from lovely_coordinator_dev.testing.waits import until_statistics
 from lovely_coordinator_limits import Backoff, ProviderLimitHandler
 from lovely_coordinator_limits.testing import FakeProvider, Quota, Refuse
 from lovely_coordinator_openai_agents import CoordinatedRunner, coordinated_client
 
 from lovely_coordinator import (
     AgentCoordinator,
-    CoordinatorStatistics,
     InvalidArgumentTypeError,
     ModelTuple,
     create_agent_coordinator,
@@ -55,14 +55,6 @@ def _chat(name: str, client: openai.AsyncOpenAI) -> Model:
     return OpenAIChatCompletionsModel(model=name, openai_client=client)
 
 
-async def _until(
-    coordinator: AgentCoordinator, done: Callable[[CoordinatorStatistics], bool]
-) -> None:
-    async for statistics in coordinator.watch():
-        if done(statistics):
-            return
-
-
 async def test_the_cap_holds_for_both_apis_under_fan_out(
     coordinator: AgentCoordinator, client: openai.AsyncOpenAI, fake_provider: FakeProvider
 ) -> None:
@@ -76,7 +68,7 @@ async def test_the_cap_holds_for_both_apis_under_fan_out(
         async with anyio.create_task_group() as tg:
             for agent in agents * 6:  # the plain SDK runner: the client alone coordinates
                 tg.start_soon(Runner.run, agent, "hello")
-            await _until(coordinator, lambda s: s.active == 3 and s.queued == 9)
+            await until_statistics(coordinator, lambda s: s.active == 3 and s.queued == 9)
             await anyio.to_thread.run_sync(fake_provider.wait_for_in_flight, None, 3)
             assert fake_provider.in_flight() == 3
             fake_provider.resume("resp-model")
