@@ -3,6 +3,7 @@
     python scripts/chaos.py                      # 3 seeds, 2 minutes each
     python scripts/chaos.py --seconds 600 --seeds 1 2 3 4
     python scripts/chaos.py --faults stall restart --unfenced   # the control experiment
+    python scripts/chaos.py --cluster            # the lock server is a 3-node cluster
 
 Each run starts three throwaway servers and replica processes, injects faults (see
 ``tests/redis_chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
@@ -24,7 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
-from tests.redis_chaos import FAULTS, ChaosConfig, ChaosReport, format_table, run_chaos
+from tests.redis_chaos import (
+    CLUSTER_FAULTS,
+    FAULTS,
+    ChaosConfig,
+    ChaosReport,
+    format_table,
+    run_chaos,
+)
 
 
 def main() -> int:
@@ -37,11 +45,20 @@ def main() -> int:
     parser.add_argument(
         "--tokens-per-minute", type=float, default=6000.0, help="the fleet's budget (50 a call)"
     )
-    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, help="default: every kind")
     parser.add_argument("--unfenced", action="store_true", help="plain reads (expect lost updates)")
+    kinds_on_cluster = " ".join(CLUSTER_FAULTS)
+    parser.add_argument(
+        "--cluster", action="store_true", help=f"a 3-node cluster (faults: {kinds_on_cluster})"
+    )
     args = parser.parse_args()
     if args.replicas < 2:
         parser.error("--replicas must be at least 2")
+    kinds = CLUSTER_FAULTS if args.cluster else FAULTS
+    if args.faults is None:
+        args.faults = list(kinds)
+    elif not set(args.faults) <= set(kinds):
+        parser.error(f"on a cluster, the faults are {', '.join(CLUSTER_FAULTS)}")
     reports: list[ChaosReport] = []
     with tempfile.NamedTemporaryFile(
         "w", prefix="lovely-chaos-", suffix=".log", delete=False
@@ -56,6 +73,7 @@ def main() -> int:
                 tokens_per_minute=args.tokens_per_minute,
                 faults=tuple(args.faults),
                 unfenced=args.unfenced,
+                cluster=args.cluster,
             )
             print(f"seed {seed}: {args.seconds:g} s of faults ...", flush=True)
             reports.append(asyncio.run(run_chaos(config, stderr=log)))

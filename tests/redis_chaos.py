@@ -26,6 +26,12 @@ longer than the run, and injects faults one after another, at seeded random time
 ``partition``      one replica's connections are reset and refused, for a while
 =================  =========================================================================
 
+With ``cluster=True`` the lock server is a 3-node Redis Cluster instead
+(``lovely_coordinator_dev.testing.redis_cluster``), which the replicas reach directly (a
+cluster client follows the nodes' own addresses, so there are no proxies and no standby):
+the faults are then those of :data:`CLUSTER_FAULTS`, where ``restart`` and ``flush`` hit
+one node at random (its slots lose their state; the others' keep theirs).
+
 The oracle (:func:`check`) then reads what the replicas reported and what the store holds:
 
 * **lost updates**: every turn appends (entries it read) + 1, so the log must read
@@ -62,11 +68,13 @@ import anyio
 import redis.asyncio
 from lovely_coordinator_dev.testing.child import Child
 from lovely_coordinator_dev.testing.faults import FaultProxy
+from lovely_coordinator_dev.testing.redis_cluster import ThrowawayCluster
 from lovely_coordinator_dev.testing.redis_server import ThrowawayServer
 
 from lovely_coordinator.redis import FencedLog
 
 __all__ = [
+    "CLUSTER_FAULTS",
     "FAULTS",
     "ChaosConfig",
     "ChaosReport",
@@ -83,6 +91,7 @@ FAULTS = (
     "stall", "stop", "kill", "restart", "flush", "snapshot", "failover", "delay", "cut", "drop",
     "partition",
 )  # fmt: skip
+CLUSTER_FAULTS = ("stall", "stop", "kill", "restart", "flush")
 RESTORE_BOUND = 5.0  # seconds within which a restart's closures are known again (§4, §6)
 PROPAGATION = 1.0  # seconds within which a replica up at the closure learns of it
 
@@ -98,6 +107,7 @@ class ChaosConfig:
     unfenced: bool = False  # plain reads: the oracle must then see lost updates
     tokens_per_minute: float = 6000.0  # the fleet's budget (each call charges 50)
     gap: tuple[float, float] = (0.6, 1.6)  # seconds between the end of a fault and the next
+    cluster: bool = False  # the lock server is a 3-node cluster (faults: CLUSTER_FAULTS)
 
 
 @dataclasses.dataclass
@@ -313,7 +323,9 @@ class _Run:
         standby: ThrowawayServer,
         store: ThrowawayServer,
         stderr: int | IO[Any] | None,
+        cluster: ThrowawayCluster | None = None,
     ) -> None:
+        self.cluster = cluster
         self.config = config
         self.stderr = stderr
         self.lock = lock
@@ -339,10 +351,16 @@ class _Run:
         return None
 
     async def start_replica(self, index: int) -> _Replica:
-        argv = [REPLICA, self.proxies[index].url, self.store.url, f"r{index}"]
+        if self.cluster is not None:
+            lock_url = f"redis://{self.cluster.host}:{self.cluster.port}/0"
+        else:
+            lock_url = self.proxies[index].url
+        argv = [REPLICA, lock_url, self.store.url, f"r{index}"]
         argv += [str(self.config.ttl), str(self.config.limit), str(self.config.tokens_per_minute)]
         if self.config.unfenced:
             argv.append("--unfenced")
+        if self.cluster is not None:
+            argv.append("--cluster")
         child = await Child.start(*argv, stderr=self.stderr)
         assert (await child.read())["ready"]
         replica = _Replica(child, anyio.current_time(), self)
@@ -353,8 +371,19 @@ class _Run:
     async def fault(self, kind: str) -> None:
         ttl = self.config.ttl
         index = self.rng.randrange(len(self.replicas))
-        replica, proxy = self.replicas[index], self.proxies[index]
+        replica = self.replicas[index]
         self.seen.faults[kind] += 1
+        if self.cluster is not None and kind in ("restart", "flush"):
+            node = self.rng.choice(self.cluster.nodes)
+            if kind == "restart":
+                node.kill()
+                await anyio.sleep(self.rng.uniform(0.05, 0.5))
+                node.start()  # empty, with its slots (its cluster config file is kept)
+            else:
+                self.cluster.flush_node(node)
+            self.seen.restarts.append(anyio.current_time())
+            return
+        proxy = self.proxies[index] if self.proxies else None
         if kind == "stall":
             stalled = await self.next_read(self.replicas, 3 * ttl + 2)
             if stalled is None:
@@ -401,6 +430,7 @@ class _Run:
             old.replicate(new)
             self.lock, self.standby = new, old
         else:
+            assert proxy is not None, f"{kind} needs the replicas' proxies"
             if kind == "delay":
                 proxy.delay(ttl * self.rng.uniform(1.2, 2.0))
             elif kind == "cut":
@@ -430,17 +460,30 @@ async def _servers() -> AsyncIterator[tuple[ThrowawayServer, ThrowawayServer, Th
         yield lock, standby, store
 
 
+@contextlib.asynccontextmanager
+async def _cluster(wanted: bool) -> AsyncIterator[ThrowawayCluster | None]:
+    if not wanted:
+        yield None
+        return
+    with ThrowawayCluster() as cluster:
+        yield cluster
+
+
 async def run_chaos(config: ChaosConfig, *, stderr: int | IO[Any] | None = None) -> ChaosReport:
     """One chaos run (asyncio only); returns what happened and what the oracle found.
 
     ``stderr`` receives the replicas' logs (default: this process's stderr).
     """
     began = anyio.current_time()
-    async with _servers() as (lock, standby, store), anyio.create_task_group() as tg:
-        run = _Run(config, lock, standby, store, stderr)
+    async with (
+        _servers() as (lock, standby, store),
+        _cluster(config.cluster) as cluster,
+        anyio.create_task_group() as tg,
+    ):
+        run = _Run(config, lock, standby, store, stderr, cluster)
         run.tg = tg
         try:
-            for _ in range(config.replicas):
+            for _ in range(0 if cluster else config.replicas):
                 run.proxies.append(await FaultProxy(lock.port).start())
             for index in range(config.replicas):
                 run.replicas.append(await run.start_replica(index))

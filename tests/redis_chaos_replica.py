@@ -1,7 +1,7 @@
 """One replica of the chaos runs (run as a script by ``redis_chaos.py``, never collected).
 
 ``python redis_chaos_replica.py LOCK_URL STORE_URL NAME TTL LIMIT TOKENS_PER_MINUTE
-[--unfenced]``
+[--unfenced] [--cluster]`` (``--cluster``: LOCK_URL is a node of a Redis Cluster)
 
 It does, at the same time, what a server replica of an agent runtime does:
 
@@ -219,8 +219,13 @@ async def commands(shared: RedisGates) -> None:
             report(closed=[at, seconds])
 
 
+def connect_cluster(url: str) -> Any:
+    return redis.asyncio.RedisCluster.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+
 async def main(args: argparse.Namespace) -> None:
-    lock, store = connect(args.lock_url), connect(args.store_url)
+    lock = connect_cluster(args.lock_url) if args.cluster else connect(args.lock_url)
+    store = connect(args.store_url)
     report(ready=True)
     async with anyio.create_task_group() as tg:
         tg.start_soon(turns, args, lock, store)
@@ -239,4 +244,5 @@ if __name__ == "__main__":
     parser.add_argument("limit", type=int)
     parser.add_argument("tokens_per_minute", type=float)
     parser.add_argument("--unfenced", action="store_true")
+    parser.add_argument("--cluster", action="store_true")
     asyncio.run(main(parser.parse_args()))

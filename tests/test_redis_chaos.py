@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from .redis_chaos import (
+    CLUSTER_FAULTS,
     FAULTS,
     ChaosConfig,
     GateView,
@@ -123,6 +124,18 @@ async def test_a_chaos_run_keeps_every_promise() -> None:
     assert report.gate_samples >= 3  # the replicas saw the gate close
     assert report.units >= 50  # fleet calls went on between the faults
     assert report.findings.max_fleet_in_flight == 2  # the fleet's limit reached, never passed
+
+
+async def test_a_chaos_run_on_a_cluster_keeps_every_promise() -> None:
+    config = ChaosConfig(seed=5, duration=20.0, faults=CLUSTER_FAULTS, cluster=True)
+    report = await run_chaos(config)
+    print(format_table([report]))
+    assert report.clean, report.findings
+    assert set(report.faults) == set(CLUSTER_FAULTS)
+    assert report.outcomes["ok"] >= 10
+    assert report.findings.max_pool_holders == 2
+    assert report.units >= 20
+    assert report.findings.max_fleet_in_flight == 2
 
 
 async def test_without_fenced_reads_the_same_faults_lose_updates() -> None:
