@@ -45,6 +45,7 @@ from .._base.validate import as_bool, as_callable, as_index
 from .blocking import BlockingRequestContext, as_timeout
 from .controls import LIMIT_MESSAGE, CoordinatorControls
 from .core import CoordinatorCore
+from .lines import DONE
 from .observe import CoordinatorObservation
 from .permits import (
     WAIT_MESSAGE,
@@ -57,7 +58,6 @@ from .permits import (
 from .registries import CoordinatorRegistries
 from .requests import RequestContext, as_tokens
 from .statistics import tuple_snapshot
-from .tickets import DONE
 from .updates import StatisticsCallback
 
 __all__ = ["AGENT_COORDINATOR_VERSION", "AgentCoordinator", "create_agent_coordinator"]

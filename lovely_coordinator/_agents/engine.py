@@ -27,8 +27,18 @@ from typing import TYPE_CHECKING, Final, cast
 
 from .._base.types import ModelTuple
 from .events import BUDGETS, budget_exhausted
-from .lines import PERMITS, Line, ReadyEntry, TupleState
-from .tickets import GRANTED, QUEUED, Entry, PermitTicket, RequestTicket, Ticket
+from .lines import (
+    GRANTED,
+    PERMITS,
+    QUEUED,
+    Entry,
+    Line,
+    PermitTicket,
+    ReadyEntry,
+    RequestTicket,
+    Ticket,
+    TupleState,
+)
 from .wakeups import BUDGET, Wakeups
 
 if TYPE_CHECKING:

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Final
 from .._base.types import ModelTuple
 
 if TYPE_CHECKING:
-    from .lines import TupleState
-    from .tickets import Ticket
+    from .lines import Ticket, TupleState
 
 __all__ = [
     "BUDGETS",

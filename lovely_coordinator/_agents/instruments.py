@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final, Literal, final
 from .._base.types import ModelTuple
 
 if TYPE_CHECKING:
-    from .tickets import Ticket
+    from .lines import Ticket
 
 __all__ = ["CANCELLED", "GRANTED", "REJECTED", "Dispatch", "Instrument", "WaitOutcome"]
 

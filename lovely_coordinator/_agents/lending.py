@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import heapq
 
+from .._base.waiter import Wakeable
+from .lines import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket
 from .settings import Settings
-from .tickets import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket, Wakeable
 
 __all__ = ["Lending"]
 

@@ -85,11 +85,9 @@ from typing import cast, final
 
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
+from .._base.waiter import Wakeable
 from .lending import Lending
-from .lines import TupleState
-from .scheduler_checks import check_invariants
-from .settings import SUSPENDED_MESSAGE
-from .tickets import (
+from .lines import (
     DONE,
     GRANTED,
     INACTIVE,
@@ -98,8 +96,10 @@ from .tickets import (
     PermitTicket,
     RequestTicket,
     Ticket,
-    Wakeable,
+    TupleState,
 )
+from .scheduler_checks import check_invariants
+from .settings import SUSPENDED_MESSAGE
 
 __all__ = ["SUSPENDED_MESSAGE", "Scheduler"]
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .engine import IDLE_KEPT
-from .lines import PERMITS, Line, TupleState
-from .tickets import DONE, GRANTED, INACTIVE, QUEUED, Ticket
+from .lines import DONE, GRANTED, INACTIVE, PERMITS, QUEUED, Line, Ticket, TupleState
 from .wakeups import BUDGET, GATE
 
 if TYPE_CHECKING:

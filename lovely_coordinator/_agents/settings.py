@@ -16,12 +16,12 @@ from typing import Final
 
 from .._base.errors import TupleSuspendedError
 from .._base.types import ModelTuple
+from .._base.waiter import Wakeable
 from .budgets import Budget
 from .engine import Engine, bypass_live
 from .events import GATES, gate_reopened
 from .instruments import CANCELLED, REJECTED, WaitOutcome
-from .lines import COMPACT_MIN, TupleState
-from .tickets import DONE, INACTIVE, QUEUED, RequestTicket, Ticket, Wakeable
+from .lines import COMPACT_MIN, DONE, INACTIVE, QUEUED, RequestTicket, Ticket, TupleState
 from .wakeups import DUE_SLACK, GATE
 
 __all__ = ["SUSPENDED_MESSAGE", "Settings"]

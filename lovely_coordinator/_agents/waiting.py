@@ -29,8 +29,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Final, Literal
 
 from .._base.types import ModelTuple
-from .lines import Line, TupleState
-from .tickets import INACTIVE, Entry, Ticket
+from .lines import INACTIVE, Entry, Line, Ticket, TupleState
 
 if TYPE_CHECKING:
     from .engine import Engine

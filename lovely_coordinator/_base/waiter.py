@@ -40,12 +40,20 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .backend import trio_running
 
-__all__ = ["PENDING", "CancelHandler", "Parker"]
+__all__ = ["PENDING", "CancelHandler", "Parker", "Wakeable"]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 K = TypeVar("K")
 K_contra = TypeVar("K_contra", contravariant=True)
+
+
+class Wakeable(Protocol):
+    """What an owner needs of a parked waiter it resolves (:class:`Parker` fits)."""
+
+    def grant(self, value: bool) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 
 class CancelHandler(Protocol[K_contra, T_contra]):
