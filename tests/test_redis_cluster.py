@@ -8,6 +8,7 @@ serving a third of the slots. Objects are picked so that their keys live on diff
 from __future__ import annotations
 
 import logging
+import string
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from redis.crc import key_slot
 
 from lovely_coordinator import AgentCoordinator, ModelTuple, create_agent_coordinator
 from lovely_coordinator._redis import generation
-from lovely_coordinator._redis.cluster import slot_marker
+from lovely_coordinator._redis.cluster import slot_marker, slot_tag
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY, object_base
 from lovely_coordinator.redis import (
     FencedLog,
@@ -38,6 +39,7 @@ __all__ = ["anyio_backend"]  # a fixture
 pytestmark = pytest.mark.anyio
 
 GPT = ModelTuple("openai", "gpt-4o")
+PRINTABLE = set(string.digits + string.ascii_letters + "-_")
 
 
 @pytest.fixture(scope="module")
@@ -289,6 +291,14 @@ async def test_min_replicas_waits_for_the_replicas_of_the_keys_node(
         assert await client.exists(conversation_key("c")) == 0  # given back
         async with await RedisLocker(client, ttl=0.6).acquire("c"):
             pass
+
+
+def test_every_slot_has_a_tag() -> None:
+    for slot in range(16384):
+        tag = slot_tag(slot)
+        assert key_slot(f"{{{tag}}}".encode()) == slot
+        assert len(tag) == 3
+        assert set(tag) <= PRINTABLE  # no braces: a tag of its own
 
 
 def test_the_cluster_server_names_its_nodes(cluster: ThrowawayCluster) -> None:

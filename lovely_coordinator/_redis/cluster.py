@@ -7,7 +7,7 @@ Every primitive takes a ``redis.asyncio.Redis`` (one server) or a
   node that serves its slot; redis-py routes a script by its ``KEYS``.
 * **The generation marker** (``generation.py``) is one per *slot*, not per server: a script
   reaches only its own slot's keys. :func:`slot_marker` names it: the server marker's name
-  followed by a hash tag that hashes to that slot (found once, see :func:`_slot_tags`).
+  followed by a hash tag that hashes to that slot (:func:`slot_tag`).
 * **Pub/sub.** Channels that follow an object's slot (a pool's, the gates', a fleet's) are
   *sharded* (``SPUBLISH`` in the scripts, ``SSUBSCRIBE`` here), on a single server too:
   Redis 7 and Valkey 7.2 have both, and one code path serves both kinds of client. A
@@ -23,10 +23,11 @@ Every primitive takes a ``redis.asyncio.Redis`` (one server) or a
 from __future__ import annotations
 
 import functools
+import string
+from binascii import crc_hqx
 from typing import Any, Final, TypeAlias
 
 import redis.asyncio
-from redis.crc import key_slot
 
 __all__ = [
     "CLIENT_TYPES",
@@ -35,6 +36,7 @@ __all__ = [
     "is_cluster",
     "node_client",
     "slot_marker",
+    "slot_tag",
 ]
 
 Client: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
@@ -57,30 +59,36 @@ def encoder(client: Client) -> Any:
     return pool.get_encoder()
 
 
-@functools.cache
-def _slot_tags() -> tuple[str, ...]:
-    """For each slot, a short hash tag (a hex number) whose keys hash to that slot.
+# A slot's tag is found by solving CRC16 (init 0, no final xor: linear over GF(2) for
+# messages of one length) in three printable bytes: crc(abc) = crc(a00) ^ crc(0b0) ^
+# crc(00c), so for each (a, b) one lookup says which c, if any, completes the slot. Every
+# slot has such a tag (the tests check them all); about 50 us each, once per slot.
+_ALPHABET: Final = (string.digits + string.ascii_letters + "-_").encode()
+_MASK: Final = _SLOTS - 1
+_FIRST: Final = {a: crc_hqx(bytes([a, 0, 0]), 0) for a in _ALPHABET}
+_SECOND: Final = {b: crc_hqx(bytes([0, b, 0]), 0) for b in _ALPHABET}
+_LAST: Final[dict[int, int]] = {}
+for _c in _ALPHABET:
+    _LAST.setdefault(crc_hqx(bytes([0, 0, _c]), 0) & _MASK, _c)
 
-    Found once per process, on first use by a cluster client: about 170,000 CRC16s of
-    short strings (a fraction of a second).
-    """
-    tags: list[str] = [""] * _SLOTS
-    missing = _SLOTS
-    number = 0
-    while missing:
-        tag = format(number, "x")
-        slot = key_slot(tag.encode())
-        if not tags[slot]:
-            tags[slot] = tag
-            missing -= 1
-        number += 1
-    return tuple(tags)
+
+@functools.cache
+def slot_tag(slot: int) -> str:
+    """Three letters, digits, ``-`` or ``_`` whose CRC16 is ``slot`` modulo 16384: a hash
+    tag of that slot."""
+    for a in _ALPHABET:
+        for b in _ALPHABET:
+            c = _LAST.get((_FIRST[a] ^ _SECOND[b] ^ slot) & _MASK)
+            if c is not None:
+                return bytes([a, b, c]).decode()
+    raise AssertionError(f"no tag for slot {slot}")  # pragma: no cover  (every slot has one)
 
 
 def slot_marker(name: str, client: redis.asyncio.RedisCluster, key: str) -> str:
-    """``name{<tag>}``: the marker of the slot that serves ``key`` (its hash tag is a hex
-    number, never a kind word of ``keys.py``, so it is no object's key)."""
-    return f"{name}{{{_slot_tags()[client.keyslot(key)]}}}"
+    """``name{<tag>}``: the marker of the slot that serves ``key``. Nothing follows its
+    closing brace, while every key of an object goes on with ``:<part>`` (``keys.py``),
+    so no object's key is a marker."""
+    return f"{name}{{{slot_tag(client.keyslot(key))}}}"
 
 
 def node_client(client: redis.asyncio.RedisCluster, key: str) -> redis.asyncio.Redis:
