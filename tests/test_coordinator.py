@@ -967,6 +967,16 @@ async def test_a_withdrawn_reacquire_cancelled_before_it_resumes_leaves_the_perm
         assert_idle(coord)
 
 
+async def test_a_plain_pair_passed_again_is_the_tuple_already_known() -> None:
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        async with coord.permit(("p", "pair")) as first:
+            assert first.tuple == ModelTuple("p", "pair")
+        async with coord.permit(("p", "pair")) as second:
+            assert second.tuple is first.tuple  # no new ModelTuple per call
+        assert_idle(coord)
+
+
 async def test_permit_context_manager_is_single_use() -> None:
     with anyio.fail_after(5):
         coord = create_agent_coordinator(1)

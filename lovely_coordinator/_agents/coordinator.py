@@ -182,7 +182,13 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
     def _check(
         self, t: ModelTupleLike, acceptance_order: int | None, reject: object
     ) -> tuple[ModelTuple, int | None]:
-        model_tuple = t if type(t) is ModelTuple else as_model_tuple(t)
+        if type(t) is ModelTuple:
+            model_tuple = t
+        else:
+            # A plain pair the scheduler knows already is that tuple: no new ModelTuple
+            # per call for callers that pass the same pair again.
+            known = self._scheduler.known_tuple(t) if type(t) is tuple else None
+            model_tuple = as_model_tuple(t) if known is None else known
         if reject is not False and reject is not True:
             as_bool(reject, _REJECT_MESSAGE)
         if acceptance_order is not None:

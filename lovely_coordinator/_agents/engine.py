@@ -136,6 +136,12 @@ class Engine:
         state = self._tuples.get(model_tuple)
         return None if state is None or state.idle else state
 
+    def known_tuple(self, pair: tuple[object, ...]) -> ModelTuple | None:
+        """The tuple equal to ``pair`` that the scheduler holds state for, or None (a
+        pure read, safe without the lock: one dict lookup)."""
+        state = self._tuples.get(pair)  # type: ignore[call-overload]
+        return None if state is None else state.tuple
+
     def tuple_states(self) -> Iterator[TupleState]:
         """Every non-idle tuple, in no particular order."""
         return (state for state in self._tuples.values() if not state.idle)

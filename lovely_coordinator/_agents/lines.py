@@ -364,14 +364,6 @@ class Line:
             return [(t.order, t.seq, t) for t in self.items if t.entry is t and t.line is self]
         return [e for e in self.items if e[2].entry is e]
 
-    def tickets(self) -> list[Ticket]:
-        """The live tickets, best first (O(n log n); for snapshots and checks)."""
-        return [e[2] for e in sorted(self.entries(), key=_entry_key)]
-
-
-def _entry_key(entry: Entry) -> tuple[int, int]:
-    return (entry[0], entry[1])
-
 
 @final
 class TupleState:
@@ -452,22 +444,28 @@ class TupleState:
     @property
     def admits(self) -> bool:
         """Open and its slots below its cap: its eligible permits may be granted now."""
-        return self.open and (self.limit is None or self.active < self.limit)
+        return self.line_admits(self.permits)
 
     @property
     def admits_calls(self) -> bool:
         """Open, and its slots and calls below its cap: an own-slot request may run."""
-        limit = self.limit
-        return self.open and (limit is None or (self.active < limit and self.calls < limit))
+        return self.line_admits(self.requests)
 
     def line_admits(self, line: Line) -> bool:
-        """Whether the head of ``line`` (one of this tuple's) passes the gate and cap."""
+        """Whether the head of ``line`` (one of this tuple's) passes the gate and the cap:
+        a permit needs a slot below the cap, a request on a slot of its own a slot and a
+        call, a covered request a call (the one place these rules are written)."""
+        if not self.open:
+            return False
+        limit = self.limit
+        if limit is None:
+            return True
         kind = line.kind
         if kind == PERMITS:
-            return self.admits
+            return self.active < limit
         if kind == REQUESTS:
-            return self.admits_calls
-        return self.open and (self.limit is None or self.calls < self.limit)
+            return self.active < limit and self.calls < limit
+        return self.calls < limit
 
     @property
     def request_bucket(self) -> Bucket | None:

@@ -81,7 +81,7 @@ Data structures, and why every operation is O(log n)
 from __future__ import annotations
 
 import heapq
-from typing import cast, final
+from typing import final
 
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
@@ -146,7 +146,7 @@ class Scheduler(Lending):
     def _would_run(self, state: TupleState, order: int | None, tokens: int) -> bool:
         """Whether a new request on a slot of its own would be admitted at once (for
         max_queued; a pure read)."""
-        if not (self.active < self.limit and state.admits_calls):
+        if not (self.active < self.limit and state.line_admits(state.requests)):
             return False
         budget = state.budget
         if budget is None:
@@ -179,7 +179,7 @@ class Scheduler(Lending):
         if isinstance(ticket, RequestTicket):
             ticket.accepted = order
         else:
-            cast(PermitTicket, ticket).origin = order
+            ticket.origin = order  # type: ignore[misc]  # (a permit: it has the slot)
 
     def _queue(self, state: TupleState, ticket: Ticket) -> None:
         self.queued += 1
@@ -212,7 +212,7 @@ class Scheduler(Lending):
         state = self._admit(model_tuple, reject)
         if ticket is None:
             ticket = PermitTicket(reject)
-        may_run = active and self.active < self.limit and state.admits
+        may_run = active and self.active < self.limit and state.line_admits(state.permits)
         if may_run and not self._ready and not self._bypass:
             # With both heaps empty nobody else may run (work conservation), so a
             # newcomer that may run is the best waiter there is: granted at once.
@@ -232,7 +232,9 @@ class Scheduler(Lending):
                 state.inactive[ticket] = None  # held only here until activated
             if ticket.state != GRANTED:
                 self._waits(ticket)
-        self._changed()
+        self.version += 1  # (_changed(), inlined in the two hottest mutators)
+        if self.hooked or self.wakeups:
+            self.on_change()
         return ticket
 
     def enqueue_request(
@@ -257,7 +259,7 @@ class Scheduler(Lending):
             and self.active < self.limit
             and not self._ready
             and not self._bypass
-            and state.admits_calls
+            and state.line_admits(state.requests)
             and (state.budget is None or self._would_run(state, order, tokens))
         ):
             # The uncontended path: with both heaps empty nobody else may run, so it is
@@ -387,7 +389,9 @@ class Scheduler(Lending):
                 self._forget_if_idle(ticket.tuple_state)
             if ticket.candidates is not None:
                 ticket.candidates = None
-        self._changed()
+        self.version += 1  # (_changed(), inlined)
+        if self.hooked or self.wakeups:
+            self.on_change()
 
     def _end_request(self, ticket: RequestTicket) -> None:
         state = ticket.tuple_state
