@@ -152,6 +152,45 @@ async def test_pools_on_every_node_hold_their_limit_and_wake_by_sharded_pubsub(
             assert (done, peak) == (10, 1)
 
 
+async def test_a_pool_whose_slot_moves_to_another_node_still_wakes_its_waiter(
+    cluster: ThrowawayCluster, cluster_connect: Callable[[], Any]
+) -> None:
+    with anyio.fail_after(20):
+        name = one_per_node(cluster, pool_key)[0]
+        channel = f"{object_base('lovely:', 'pool', name)}:released"
+        holder_pool = RedisPermitPool(cluster_connect(), name=name, limit=1, ttl=30)
+        waiter_pool = RedisPermitPool(cluster_connect(), name=name, limit=1, ttl=30)
+        held = await holder_pool.acquire()
+        granted = anyio.Event()
+
+        async def wait_for_it() -> None:
+            async with waiter_pool.permit():
+                granted.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_it)
+            queue = f"{object_base('lovely:', 'pool', name)}:queue"
+            while not await held_client(holder_pool).zcard(queue):  # noqa: ASYNC110
+                await anyio.sleep(0.005)  # (state in Redis: nothing to wait on locally)
+            target = cluster.nodes[1]
+            cluster.move_slot(pool_key(name), to=target)
+            # The server ends the waiter's sharded subscription as the slot leaves; it
+            # subscribes again where the slot went.
+            plain = redis.asyncio.Redis(port=target.port)
+            try:
+                while await plain.pubsub_shardnumsub(channel) != [(channel.encode(), 1)]:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)  # (another client's state: poll the server)
+            finally:
+                await plain.aclose()
+            with anyio.fail_after(0.5):  # by the message, not the 1 s re-check
+                await held.release()
+                await granted.wait()
+
+
+def held_client(pool: RedisPermitPool) -> Any:
+    return pool._client
+
+
 async def test_a_gate_closed_and_opened_through_sharded_pubsub(
     cluster: ThrowawayCluster, cluster_connect: Callable[[], Any]
 ) -> None:

@@ -17,6 +17,7 @@ import time
 from types import TracebackType
 from typing import Final, Self, final
 
+import redis
 from redis.crc import key_slot
 
 from lovely_coordinator._redis.keys import FRESH_BOOT_KEY
@@ -37,6 +38,7 @@ class ThrowawayCluster:
         self.nodes = [ThrowawayServer(executable, cluster=True) for _ in range(size)]
         # Node i serves the slots ranges[i][0] .. ranges[i][1] (inclusive).
         self.ranges = [(SLOTS * i // size, SLOTS * (i + 1) // size - 1) for i in range(size)]
+        self.moved: dict[int, int] = {}  # slot -> index of the node it was moved to
 
     @property
     def host(self) -> str:
@@ -48,8 +50,10 @@ class ThrowawayCluster:
         return self.nodes[0].port
 
     def node_of(self, key: str) -> ThrowawayServer:
-        """The node that serves ``key``'s slot."""
+        """The node that serves ``key``'s slot (after :meth:`move_slot`, where it went)."""
         slot = key_slot(key.encode())
+        if slot in self.moved:
+            return self.nodes[self.moved[slot]]
         for node, (first, last) in zip(self.nodes, self.ranges, strict=True):
             if first <= slot <= last:
                 return node
@@ -98,6 +102,22 @@ class ThrowawayCluster:
         """Delete every key of one node, declaring nothing: a loss of state in its slots
         (and of the ``fresh-boot`` key, if that node holds it)."""
         node.command("FLUSHALL")
+
+    def move_slot(self, key: str, to: ThrowawayServer) -> None:
+        """Move ``key``'s slot, and every key in it, to node ``to`` (a resharding step:
+        ``SETSLOT IMPORTING/MIGRATING``, ``MIGRATE``, then ``SETSLOT NODE`` on every node)."""
+        slot = key_slot(key.encode())
+        source = self.node_of(key)
+        source_id, target_id = (n.command("CLUSTER", "MYID").decode() for n in (source, to))
+        to.command("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        source.command("CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        with redis.Redis(port=source.port) as client:
+            keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+            if keys:
+                client.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys)
+        for node in self.nodes:
+            node.command("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+        self.moved[slot] = self.nodes.index(to)
 
     def close(self) -> None:
         for node in self.nodes:
