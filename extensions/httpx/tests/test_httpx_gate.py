@@ -255,8 +255,9 @@ async def test_an_explicit_budget_keeps_its_rate(
         async with _openai(fake_provider_url, coordinator) as client:
             start = anyio.current_time()
             await _chat(client)
-            elapsed = anyio.current_time() - start
         entry = _entry(coordinator)
+        # After the read: the bucket refills until the snapshot is taken.
+        elapsed = anyio.current_time() - start
         assert entry is not None
         assert entry.requests_available is not None
         # Still the user's 6 a minute, one spent: a learned 60 would have left about 59.
@@ -272,8 +273,9 @@ async def test_the_usage_settles_the_charge(
         async with _openai(fake_provider_url, coordinator) as client:
             start = anyio.current_time()
             await _chat(client, content="x" * 40)
-            elapsed = anyio.current_time() - start
         entry = _entry(coordinator)
+        # After the read: the bucket refills until the snapshot is taken.
+        elapsed = anyio.current_time() - start
         assert entry is not None
         assert entry.tokens_available is not None
         # Estimated 10 + 16 at admission; the provider counted 13 in and 1 out.
@@ -302,8 +304,9 @@ async def test_an_openai_stream_settles_from_its_usage_chunk_when_closed(
                     # Still streaming: the call holds its slot, charged its estimate.
                     assert coordinator.active_count == 1
             assert coordinator.active_count == 0
-            elapsed = anyio.current_time() - start
         entry = _entry(coordinator)
+        # After the read: the bucket refills until the snapshot is taken.
+        elapsed = anyio.current_time() - start
         assert entry is not None
         assert entry.tokens_available is not None
         assert 600 - 14 <= entry.tokens_available <= 600 - 14 + 10 * elapsed + 1e-6
@@ -330,8 +333,9 @@ async def test_an_anthropic_stream_settles_from_its_message_delta(
                 model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "hi"}]
             ) as stream:
                 await stream.get_final_message()
-            elapsed = anyio.current_time() - start
         entry = _entry(coordinator, t)
+        # After the read: the bucket refills until the snapshot is taken.
+        elapsed = anyio.current_time() - start
         assert entry is not None
         assert entry.tokens_available is not None
         assert 600 - 5 <= entry.tokens_available <= 600 - 5 + 10 * elapsed + 1e-6
