@@ -230,7 +230,7 @@ class Monotonic:
 @pytest.fixture
 def monotonic(monkeypatch: pytest.MonkeyPatch) -> Monotonic:
     clock = Monotonic()
-    for module in ("_agents.settings", "_agents.instruments"):
+    for module in ("_agents.lending", "_agents.instruments"):
         monkeypatch.setattr(f"lovely_coordinator.{module}.monotonic", clock)
     return clock
 

@@ -35,7 +35,6 @@ from .lines import (
     Line,
     PermitTicket,
     ReadyEntry,
-    RequestTicket,
     Ticket,
     TupleState,
 )
@@ -372,16 +371,9 @@ class Engine:
             # A request ahead of the front drew: the front waits longer now.
             self._block_until(state, budget.ready_at(block.tokens, now))
 
-    # Covers (rule L) live in ``_lending.Lending``; the grant loop and the settings reach
-    # them through these.
-
     def _hand_cover(self, cover: PermitTicket) -> None:
-        raise NotImplementedError
-
-    def _reserve(self, cover: PermitTicket, request: RequestTicket) -> None:
-        raise NotImplementedError
-
-    def _take_back(self, cover: PermitTicket) -> None:
+        """A reacquired permit with candidates may cover one at once (rule L): the grant
+        loop's one call upward, into ``lending.Lending``, which defines it."""
         raise NotImplementedError
 
     def _return_slot(self, state: TupleState) -> None:

@@ -6,25 +6,95 @@ goes to the next waiter, and the permit takes a slot back (a *reacquire*) when t
 ends, bypassing gates and caps. Overlapping lends share the one returned slot and only the
 last one to end reacquires. A permit with a model request in flight on its slot keeps the
 slot (deferred) until the request ends. A permit that covers a waiting request is parked:
-its slot is lent until the request takes it back (``_reserve``). See ``scheduler.py``
-for the rules as a whole.
+its slot is lent until the request takes it back (``_reserve``). Leaving the queue
+(``_discard``) is here too: a covered request that leaves hands its cover's slot back. See
+``scheduler.py`` for the rules as a whole.
 """
 
 from __future__ import annotations
 
 import heapq
+from time import monotonic
 
 from .._base.waiter import Wakeable
-from .lines import DONE, GRANTED, LENT, QUEUED, PermitTicket, RequestTicket
-from .settings import Settings
+from .engine import Engine, bypass_live
+from .instruments import CANCELLED, WaitOutcome
+from .lines import (
+    COMPACT_MIN,
+    DONE,
+    GRANTED,
+    INACTIVE,
+    LENT,
+    QUEUED,
+    PermitTicket,
+    RequestTicket,
+    Ticket,
+)
 
 __all__ = ["Lending"]
 
 
-class Lending(Settings):
-    """Lending and covers on top of the settings and the grant loop."""
+class Lending(Engine):
+    """Waiting and leaving, lending and covers, on top of the grant loop."""
 
     __slots__ = ()
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _waits(self, ticket: Ticket) -> None:
+        """``ticket`` really queued (it was not granted in the call that enqueued it)."""
+        ticket.since = monotonic()
+        if self.observer is not None:
+            self.observer.started(ticket)
+
+    # -- leaving ---------------------------------------------------------------------------------
+
+    def _discard(self, ticket: Ticket, outcome: WaitOutcome = CANCELLED) -> Wakeable | None:
+        assert ticket.state in (INACTIVE, QUEUED)
+        if self.observer is not None:
+            self.observer.ended(ticket, outcome)
+        state = ticket.tuple_state
+        covered = ticket.covered
+        self._unqueue(ticket)
+        if ticket.bypass:
+            self.lent -= 1
+            state.lent -= 1
+            ticket.bypass = False
+        ticket.state = DONE
+        parker, ticket.parker = ticket.parker, None
+        if isinstance(ticket, RequestTicket):
+            cover = ticket.cover
+            if covered and cover is not None:
+                ticket.covered = False
+                cover.covering = None
+                self._take_back(cover)  # it was parked for this request (rule L)
+            if state.block is ticket:
+                self._unblock(state)  # the front left: the next one may need less
+        self._forget_if_idle(state)
+        return parker
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        state = ticket.tuple_state
+        self.queued -= 1
+        state.queued -= 1
+        if ticket.reject and state.foreground is not None:
+            state.foreground.pop(ticket, None)
+        if ticket.state != QUEUED:
+            inactive = state.inactive
+            assert inactive is not None
+            del inactive[ticket]  # inactive: in no line, only there
+            return
+        if ticket.bypass:
+            self._bypass_dead += 1
+            if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
+                ticket.state = DONE  # so the rebuild drops it
+                self._bypass = [e for e in self._bypass if bypass_live(e)]
+                heapq.heapify(self._bypass)
+                self._bypass_dead = 0
+        elif ticket.line is not None:
+            ticket.line.remove(ticket)
+
+    # -- parked permits ---------------------------------------------------------------------
 
     def _unpark(self, permit: PermitTicket) -> None:
         """A parked permit is lent or released: its reserved request goes back to a slot

@@ -76,6 +76,15 @@ Data structures, and why every operation is O(log n)
 * Each permit keeps a heap of its candidates; a request leaves it lazily.
 * Removing a ticket only marks it; lines and heaps that are mostly dead are rebuilt, so
   memory follows the live waiters and rebuilds cost O(1) amortised per removal.
+
+Layers
+------
+One class in four modules, each layer using only those under it: ``engine.Engine`` (the
+state and the one grant loop), ``lending.Lending`` (waiting, leaving, lends and covers),
+``settings.Settings`` (caps, gates, budgets, time) and :class:`Scheduler` (taking a place
+in line, releasing). The one call upward is the grant loop's ``_hand_cover`` (a reacquired
+permit may cover a request at once). It composes a ``budgets.Budget`` per budgeted tuple
+and one ``wakeups.Wakeups`` heap.
 """
 
 from __future__ import annotations
@@ -86,7 +95,6 @@ from typing import final
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
 from .._base.waiter import Wakeable
-from .lending import Lending
 from .lines import (
     DONE,
     GRANTED,
@@ -99,13 +107,13 @@ from .lines import (
     TupleState,
 )
 from .scheduler_checks import check_invariants
-from .settings import SUSPENDED_MESSAGE
+from .settings import SUSPENDED_MESSAGE, Settings
 
 __all__ = ["SUSPENDED_MESSAGE", "Scheduler"]
 
 
 @final
-class Scheduler(Lending):
+class Scheduler(Settings):
     """Who gets the next slot. Synchronous; every call leaves the invariants true.
 
     Invariants (``check_invariants`` verifies them; the tests call it after every step):

@@ -3,25 +3,22 @@
 Each call here changes one setting and then grants whatever that lets run, in order, before
 it returns (so a raised cap or an opened gate is work-conserving at once). Arguments are
 already valid: the coordinator validates them. See ``scheduler.py`` for the rules as a
-whole, ``engine.py`` for the grant loop, ``budgets.py`` for a budget's arithmetic and
-``wakeups.py`` for the wake-up heap.
+whole, ``engine.py`` for the grant loop, ``lending.py`` for lends, covers and leaving,
+``budgets.py`` for a budget's arithmetic and ``wakeups.py`` for the wake-up heap.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
-from time import monotonic
 from typing import Final
 
 from .._base.errors import TupleSuspendedError
 from .._base.types import ModelTuple
-from .._base.waiter import Wakeable
 from .budgets import Budget
-from .engine import Engine, bypass_live
 from .events import GATES, gate_reopened
-from .instruments import CANCELLED, REJECTED, WaitOutcome
-from .lines import COMPACT_MIN, DONE, INACTIVE, QUEUED, RequestTicket, Ticket, TupleState
+from .instruments import REJECTED
+from .lending import Lending
+from .lines import RequestTicket, Ticket, TupleState
 from .wakeups import DUE_SLACK, GATE
 
 __all__ = ["SUSPENDED_MESSAGE", "Settings"]
@@ -31,65 +28,10 @@ SUSPENDED_MESSAGE: Final = (
 )
 
 
-class Settings(Engine):
-    """Limits, gates, budgets and time on top of the grant loop."""
+class Settings(Lending):
+    """Limits, gates, budgets and time on top of lending and the grant loop."""
 
     __slots__ = ()
-
-    # -- waiting --------------------------------------------------------------------------------
-
-    def _waits(self, ticket: Ticket) -> None:
-        """``ticket`` really queued (it was not granted in the call that enqueued it)."""
-        ticket.since = monotonic()
-        if self.observer is not None:
-            self.observer.started(ticket)
-
-    # -- leaving ---------------------------------------------------------------------------------
-
-    def _discard(self, ticket: Ticket, outcome: WaitOutcome = CANCELLED) -> Wakeable | None:
-        assert ticket.state in (INACTIVE, QUEUED)
-        if self.observer is not None:
-            self.observer.ended(ticket, outcome)
-        state = ticket.tuple_state
-        covered = ticket.covered
-        self._unqueue(ticket)
-        if ticket.bypass:
-            self.lent -= 1
-            state.lent -= 1
-            ticket.bypass = False
-        ticket.state = DONE
-        parker, ticket.parker = ticket.parker, None
-        if isinstance(ticket, RequestTicket):
-            cover = ticket.cover
-            if covered and cover is not None:
-                ticket.covered = False
-                cover.covering = None
-                self._take_back(cover)  # it was parked for this request (rule L)
-            if state.block is ticket:
-                self._unblock(state)  # the front left: the next one may need less
-        self._forget_if_idle(state)
-        return parker
-
-    def _unqueue(self, ticket: Ticket) -> None:
-        state = ticket.tuple_state
-        self.queued -= 1
-        state.queued -= 1
-        if ticket.reject and state.foreground is not None:
-            state.foreground.pop(ticket, None)
-        if ticket.state != QUEUED:
-            inactive = state.inactive
-            assert inactive is not None
-            del inactive[ticket]  # inactive: in no line, only there
-            return
-        if ticket.bypass:
-            self._bypass_dead += 1
-            if self._bypass_dead > COMPACT_MIN and 2 * self._bypass_dead > len(self._bypass):
-                ticket.state = DONE  # so the rebuild drops it
-                self._bypass = [e for e in self._bypass if bypass_live(e)]
-                heapq.heapify(self._bypass)
-                self._bypass_dead = 0
-        elif ticket.line is not None:
-            ticket.line.remove(ticket)
 
     # -- caps ---------------------------------------------------------------------------------
 

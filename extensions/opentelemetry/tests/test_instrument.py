@@ -249,7 +249,7 @@ async def test_a_long_wait_is_a_span_under_the_callers_span(
     spans: tuple[TracerProvider, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Monotonic()
-    for module in ("_agents.settings", "_agents.instruments"):
+    for module in ("_agents.lending", "_agents.instruments"):
         monkeypatch.setattr(f"lovely_coordinator.{module}.monotonic", clock)
     provider, exporter = spans
     tracer = provider.get_tracer("test")
