@@ -193,7 +193,22 @@ class PermitTicket(Ticket):
     parked: bool
 
     def __init__(self, reject: bool) -> None:
-        Ticket.__init__(self, reject)
+        # Ticket.__init__'s fields, set here rather than through it: one call less on
+        # every acquire (the hottest path there is). Keep the two lists in step.
+        self._state = PENDING
+        self._value = None
+        self._error = None
+        self._sleeper = None
+        self._home = None
+        self.order = self.seq = 0
+        self.state = INACTIVE
+        self.reject = reject
+        self.line = None
+        self.entry = None
+        self.bypass = False
+        self.parker = None
+        self.error = None
+        self.since = None
         self.origin = 0  # the scheduler's to set, with its place
         self.lends = 0
         self.covering = None

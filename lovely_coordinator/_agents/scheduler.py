@@ -174,7 +174,8 @@ class Scheduler(Settings):
             raise CoordinatorBusyError()
 
     def _place(self, ticket: Ticket, order: int | None, state: TupleState) -> None:
-        """The newcomer's key: its acceptance order (drawn or seen), its arrival."""
+        """The newcomer takes its place: its key (its acceptance order, drawn or seen, and
+        its arrival), its tuple, and the queued counts (it is queued until granted)."""
         if order is None:
             self._counter += 1
             order = self._counter
@@ -184,12 +185,10 @@ class Scheduler(Settings):
         ticket.order = order
         ticket.seq = self._seq
         ticket.tuple_state = state
-        if isinstance(ticket, RequestTicket):
-            ticket.accepted = order
+        if ticket.request:
+            ticket.accepted = order  # type: ignore[misc]  # (a request: its own field)
         else:
             ticket.origin = order  # type: ignore[misc]  # (a permit: it has the slot)
-
-    def _queue(self, state: TupleState, ticket: Ticket) -> None:
         self.queued += 1
         state.queued += 1
         if ticket.reject:
@@ -225,13 +224,11 @@ class Scheduler(Settings):
             # With both heaps empty nobody else may run (work conservation), so a
             # newcomer that may run is the best waiter there is: granted at once.
             self._place(ticket, order, state)
-            self._queue(state, ticket)
             self._grant(ticket)
         else:
             if self.max_queued is not None:
                 self._busy(state, may_run)
             self._place(ticket, order, state)
-            self._queue(state, ticket)
             if active:
                 self._make_eligible(ticket)
             else:
@@ -273,7 +270,6 @@ class Scheduler(Settings):
             # The uncontended path: with both heaps empty nobody else may run, so it is
             # the best waiter there is: granted at once.
             ticket = self._new_request(ticket, order, state, reject, tokens)
-            self._queue(state, ticket)
             self._grant(ticket)
             self._changed()
             return ticket
@@ -283,7 +279,6 @@ class Scheduler(Settings):
             # covers one request at a time, so these waiters are bounded by the permits.
             self._busy(state, covered or self._would_run(state, order, tokens))
         ticket = self._new_request(ticket, order, state, reject, tokens)
-        self._queue(state, ticket)
         ticket.state = QUEUED
         if cover is None:
             self._wait_own(ticket)
