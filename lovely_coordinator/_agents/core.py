@@ -110,26 +110,33 @@ class CoordinatorCore:
     # -- taking a slot --------------------------------------------------------------------------
 
     def _park(self, ticket: Ticket) -> None:
-        """The one tail of every scheduling call that may wait (under the lock).
+        """The tail of every scheduling call that left ``ticket`` waiting (under the lock).
 
-        Granted at once, the ticket is resolved already: its wait is just the checkpoint,
-        and a cancellation there undoes the grant (``_parker_undo``). Otherwise it waits
-        as its own parker. Either way the caller then awaits the ticket's wait
-        (``Parker.wait``, or its steps inlined), outside the lock.
+        A ticket waits as its own parker from *before* the call that places or activates
+        it (``ticket.parker = ticket``), so a grant inside that call resolves it through
+        the one grant rule (``Engine._grant``), like any later grant: its wait is then
+        just the checkpoint, and a cancellation there undoes the grant
+        (``_parker_undo``). The call leaves ``parker`` set exactly when the ticket still
+        waits; then it is a guest of the clock. (The one grant made while nobody waited,
+        a reservation's on an earlier ``activate()``, resolves it when its run starts.)
+        Either way the caller then awaits the ticket's wait (``Parker.wait``, or its steps
+        inlined), outside the lock.
         """
-        if ticket.state == GRANTED:
-            ticket.grant(True)
-        else:
-            self._clock.visit()  # a guest: it takes the timer over if home ends
-            ticket.parker = ticket
+        self._clock.visit()  # a guest: it takes the timer over if home ends
 
     def _enqueue_permit(self, ticket: PermitTicket, t: ModelTuple, order: int | None) -> None:
         """Place a fresh permit ``ticket`` in line; then await its wait."""
         with self._lock:
             if self._scheduler.wakeups:
                 self._follow()
-            self._scheduler.enqueue(t, order, True, ticket.reject, ticket)
-            self._park(ticket)
+            ticket.parker = ticket  # (see _park)
+            try:
+                self._scheduler.enqueue(t, order, True, ticket.reject, ticket)
+            except BaseException:
+                ticket.parker = None  # refused: nothing waits
+                raise
+            if ticket.parker is not None:
+                self._park(ticket)
 
     async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
         """Wait for a permit's slot (``permit()`` does the same without this frame)."""
@@ -158,8 +165,13 @@ class CoordinatorCore:
     def _activate_and_wait(self, ticket: PermitTicket) -> Coroutine[Any, Any, object]:
         """A reservation's run: activate its ticket and return the wait for its slot."""
         with self._lock:
-            self._scheduler.activate(ticket)
-            self._park(ticket)
+            if ticket.state == GRANTED:
+                ticket.grant(True)  # granted on an earlier activate(), while nobody waited
+            else:
+                ticket.parker = ticket  # (see _park)
+                self._scheduler.activate(ticket)
+                if ticket.parker is not None:
+                    self._park(ticket)
         return ticket.wait(self, ticket, self._lock)
 
     def _activate(self, ticket: Ticket) -> None:
@@ -174,8 +186,14 @@ class CoordinatorCore:
             scheduler = self._scheduler
             if scheduler.reads_clock(t):
                 self._follow()  # it must be this loop's clock
-            scheduler.enqueue_request(t, order, ticket.reject, ticket.tokens, cover, ticket)
-            self._park(ticket)
+            ticket.parker = ticket  # (see _park)
+            try:
+                scheduler.enqueue_request(t, order, ticket.reject, ticket.tokens, cover, ticket)
+            except BaseException:
+                ticket.parker = None  # refused: nothing waits
+                raise
+            if ticket.parker is not None:
+                self._park(ticket)
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:
