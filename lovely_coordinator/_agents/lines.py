@@ -280,6 +280,14 @@ class Line:
         self.dead = 0
         self.entry: ReadyEntry | None = None
 
+    def __lt__(self, other: Line) -> bool:
+        # Only the scheduler's ready heap compares lines, and only when two entries tie on
+        # ``(order, seq)``: one ticket was the head of two lines of its tuple (a request
+        # moved to the covered line, a lend coming back), and the line it left still holds
+        # its old entry until that entry reaches the top and is re-keyed or dropped. Any
+        # fixed order will do there; a heap must never fail to compare.
+        return self.kind < other.kind
+
     def __repr__(self) -> str:
         kind = ("permits", "requests", "covered")[self.kind]
         return f"<Line {self.state.tuple} {kind} {len(self.items) - self.dead} live>"
