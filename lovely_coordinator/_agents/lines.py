@@ -236,8 +236,9 @@ class RequestTicket(Ticket):
         self.covered = False
 
 
-# (order, seq, ticket) in a line's heap or the bypass heap; (order, seq, line) in the
-# ready heap. seq is unique, so comparison never reaches the third item.
+# (order, seq, ticket) in a line's heap or the bypass heap: seq is unique to a ticket, so
+# a tie is one ticket's dead and live occurrences, equal tuples that never compare tickets.
+# (order, seq, line) in the ready heap: two lines may tie there (see Line.__lt__).
 Entry = tuple[int, int, Ticket]
 ReadyEntry = tuple[int, int, "Line"]
 Candidate = tuple[int, int, "RequestTicket"]  # in a permit's heap of candidates
