@@ -8,6 +8,7 @@ with the coordinator's own statistics (a waiter is visible in ``queued``), never
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -32,6 +33,7 @@ from lovely_coordinator import (
     UsageError,
     create_agent_coordinator,
 )
+from lovely_coordinator._agents.blocking import helper_loop
 
 T = ModelTuple("openai", "gpt")
 U = ModelTuple("anthropic", "claude")
@@ -301,6 +303,29 @@ async def test_inside_an_event_loop_it_refuses_to_block() -> None:
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
 )
+def test_an_interruption_inside_the_hand_off_to_the_helper_loop_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGINT may be handled inside ``call_soon_threadsafe``, once the admission's start
+    is scheduled but before the helper loop was woken: the slot it is granted goes back."""
+    coord = create_agent_coordinator(1)
+    loop = helper_loop()
+    real = loop._write_to_self  # type: ignore[attr-defined]
+    interruptions = [KeyboardInterrupt()]
+
+    def interrupted_once() -> None:
+        if interruptions:
+            raise interruptions.pop()  # where a signal handler would raise it
+        real()
+
+    monkeypatch.setattr(loop, "_write_to_self", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        enter(coord.request_sync(T, timeout=BOUND))
+    # Whatever the loop still had to run has run: the admission, and its abandonment.
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(BOUND)
+    assert_idle(coord)
+
+
 def test_an_interrupted_wait_gives_its_place_back() -> None:
     coord = create_agent_coordinator(1)
     release = threading.Event()

@@ -203,7 +203,11 @@ class _Admission:
         self.abandoned = True
         task = self._task
         if task is not None:
-            task.cancel()
+            task.cancel()  # its clean-up sets ``done``
+        else:
+            # Started and done already, or never scheduled (the thread was interrupted
+            # before its start was): a start scheduled earlier has run, callbacks are FIFO.
+            self.done.set()
 
 
 @final
@@ -253,8 +257,10 @@ class BlockingRequestContext:
     def _admit(self, order: int | None, deadline: float | None) -> RequestTicket:
         admission = _Admission(self._core, self._t, self._tokens, order, self._reject, deadline)
         loop = helper_loop()
-        loop.call_soon_threadsafe(admission.start)
         try:
+            # Inside the ``try``: an interruption may land in ``call_soon_threadsafe`` itself,
+            # after the start was scheduled (its wake-up write) or before.
+            loop.call_soon_threadsafe(admission.start)
             admission.done.wait()
         except BaseException:
             # Interrupted (KeyboardInterrupt): the admission is given up, and whatever it
