@@ -35,6 +35,8 @@ from lovely_coordinator.lanes import (
     current_activation,
 )
 
+from .outcome_helpers import Abort, a_stray_cancellation
+
 pytestmark = pytest.mark.anyio
 
 TRIO_MOCK = pytest.mark.parametrize(
@@ -890,21 +892,6 @@ async def test_without_on_exit_activations_still_run() -> None:
             lanes.wake("b")
             await settle()
         assert ran == ["a", "b"]
-
-
-class Abort(BaseException):
-    """What frameworks raise to abort: a BaseException that is no cancellation."""
-
-
-async def a_stray_cancellation() -> BaseException:
-    """A real cancellation of the backend, caught from a scope that is gone since."""
-    with anyio.CancelScope() as inner:
-        inner.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as cancelled:
-            return cancelled
-    raise AssertionError("the cancelled checkpoint returned")
 
 
 ON_EXIT_FAILURES = pytest.mark.parametrize(

@@ -8,22 +8,9 @@ import pytest
 
 from lovely_coordinator._base.outcomes import failures_of, is_fatal
 
+from .outcome_helpers import Abort, a_stray_cancellation
+
 pytestmark = pytest.mark.anyio
-
-
-class Abort(BaseException):
-    """What frameworks raise to abort a run: a BaseException that is no cancellation."""
-
-
-async def a_stray_cancellation() -> BaseException:
-    """A real cancellation of the backend, caught from a scope that is gone since."""
-    with anyio.CancelScope() as inner:
-        inner.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as cancelled:
-            return cancelled
-    raise AssertionError("the cancelled checkpoint returned")
 
 
 async def test_failures_of_strips_cancellations() -> None:

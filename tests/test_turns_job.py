@@ -17,11 +17,9 @@ from anyio import wait_all_tasks_blocked
 from lovely_coordinator import InvalidArgumentTypeError
 from lovely_coordinator.turns import DrainingError, Job, TurnInterrupted, TurnRegistry
 
+from .outcome_helpers import Abort, a_stray_cancellation
+
 pytestmark = pytest.mark.anyio
-
-
-class Abort(BaseException):
-    """What frameworks raise to abort a run: a BaseException that is no cancellation."""
 
 
 async def forever(fence: int) -> None:
@@ -100,17 +98,6 @@ async def test_result_holds_what_run_returned() -> None:
 
 
 # -- a cancellation the turn raised itself (bug 2) -----------------------------------------
-
-
-async def a_stray_cancellation() -> BaseException:
-    """A real cancellation of the backend, caught from a scope that is gone since."""
-    with anyio.CancelScope() as inner:
-        inner.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as cancelled:
-            return cancelled
-    raise AssertionError("the cancelled checkpoint returned")
 
 
 async def raises_a_stray_cancellation(fence: int) -> None:
