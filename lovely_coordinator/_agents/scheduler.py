@@ -196,6 +196,16 @@ class Scheduler(Settings):
                 state.foreground = {}
             state.foreground[ticket] = None
 
+    def runs_at_once(self, model_tuple: ModelTuple, ahead: int = 0) -> bool:
+        """Whether a permit on ``model_tuple`` enqueued now, after ``ahead`` others that
+        will take slots first, would most likely be granted in that call: the condition
+        of :meth:`enqueue`'s fast path (a pure read, a hint for the shell: it may be
+        stale by the time the permit comes)."""
+        if self.active + ahead >= self.limit or self._ready or self._bypass:
+            return False
+        state = self._tuples.get(model_tuple)
+        return state is None or state.line_admits(state.permits)
+
     def enqueue(
         self,
         model_tuple: ModelTuple,
