@@ -338,7 +338,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         budget, a slot of its own (a thread has no current permit, so it never covers
         one), the same settle and release. Any number of threads may wait at once; each
         blocks only itself. The wait is made on a private daemon loop of the process
-        (see ``_blocking``), so timed reopens and budget refills wake it even when no
+        (see ``blocking``), so timed reopens and budget refills wake it even when no
         other loop runs.
 
         Args:

@@ -1,4 +1,4 @@
-"""_events: the gate and budget log records (CONTRACT §7), as caplog sees them."""
+"""_agents/events: the gate and budget log records (CONTRACT §7), as caplog sees them."""
 
 from __future__ import annotations
 

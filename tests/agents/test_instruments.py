@@ -1,4 +1,4 @@
-"""_instruments: what an Instrument is told, exactly once per wait, and what it may break.
+"""_agents/instruments: what an Instrument is told, exactly once per wait, and what it may break.
 
 A state machine drives the pure scheduler (permits, reservations, model requests with and
 without a covering permit, budgets, gates, lending, time) with a recording instrument

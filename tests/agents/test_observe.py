@@ -1,4 +1,5 @@
-"""_observe and _statserver: serve_statistics(), a read-only JSON endpoint (CONTRACT §7).
+"""_agents/observe and _base/json_endpoint: serve_statistics(), a read-only JSON endpoint
+(CONTRACT §7).
 
 Real clients only: httpx for well-formed requests, raw TCP for garbage. Every test that
 talks to the server checks afterwards that nothing changed (the scheduler's version and

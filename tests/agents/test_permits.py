@@ -1,4 +1,4 @@
-"""_permits: the current-permit chain, innermost first, and each coordinator's own permit.
+"""_agents/permits: the current-permit chain, innermost first, and each coordinator's own permit.
 
 (Permits, reservations and requests themselves are exercised through the coordinator in
 tests/agents/test_coordinator.py; this file covers the context machinery they share.)

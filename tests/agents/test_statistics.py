@@ -1,4 +1,4 @@
-"""_statistics: per-tuple lent permits, and a tuple whose only work is lent is listed."""
+"""_agents/statistics: per-tuple lent permits, and a tuple whose only work is lent is listed."""
 
 from __future__ import annotations
 

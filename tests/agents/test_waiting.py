@@ -1,4 +1,4 @@
-"""_waiters: who waits, since when and why — and taking the snapshot changes nothing."""
+"""_agents/waiting: who waits, since when and why — and taking the snapshot changes nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""_backend: call_soon / call_at on the running loop's anyio clock, for synchronous code."""
+"""_base/backend: call_soon / call_at on the running loop's anyio clock, for synchronous code."""
 
 from __future__ import annotations
 

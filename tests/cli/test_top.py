@@ -1,4 +1,4 @@
-"""_top: ``python -m lovely_coordinator top URL`` and ``demo --top``, as a person sees them.
+"""_cli/top: ``python -m lovely_coordinator top URL`` and ``demo --top``, as a person sees them.
 
 The live view runs in a real terminal: tmux starts it (on a private tmux server),
 ``capture-pane`` reads the screen, ``send-keys`` types ``q`` or Ctrl-C. The endpoint it

@@ -1,4 +1,4 @@
-"""Turns under a lease (``_turns_lease``): lockers and leases that misbehave, on asyncio and trio.
+"""Turns under a lease (``_turns/lease``): lockers and leases that misbehave, on asyncio and trio.
 
 The well-behaved cases (fences, drain, a lost lease, a hanging release) are in
 tests/turns/test_queues.py; here the locker and the lease are as hostile as a turn may be.

@@ -1,4 +1,4 @@
-"""The turn queues' protocols and constants (``_turns_types``).
+"""The turn queues' protocols and constants (``_turns/types``).
 
 The protocols are structural, so the conformance of the library's own implementations is
 checked statically: ``mypy --strict`` (run over the tests by CI) fails on the functions
