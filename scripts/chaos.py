@@ -6,7 +6,7 @@
     python scripts/chaos.py --cluster            # the lock server is a 3-node cluster
 
 Each run starts three throwaway servers and replica processes, injects faults (see
-``tests/redis_chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
+``tests/redis/chaos.py``) and checks the oracle: 0 lost updates, 0 writes of a superseded
 holder accepted, never more pool holders than the limit while their permits could be shown
 held, no closure shortened, never more fleet calls in flight than the fleet's limit, and
 never more tokens admitted by the fleet than its bucket allowed. The exit status is 1 if
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
-from tests.redis_chaos import (
+from tests.redis.chaos import (
     CLUSTER_FAULTS,
     FAULTS,
     ChaosConfig,

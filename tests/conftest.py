@@ -20,7 +20,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 # One throwaway server for the whole run (never a mock); tests that kill, pause or restart a
 # server start their own. A missing server binary is an error, never a skip. The async
 # fixtures are run by anyio's plugin, on the test's own event loop: the Redis modules import
-# an asyncio-only ``anyio_backend`` (redis_helpers) in place of the one above. They ask for
+# an asyncio-only ``anyio_backend`` (tests/redis/helpers.py) in place of the one above. They ask for
 # ``anyio_backend`` themselves because anyio runs an async fixture only for a test that has
 # it, and the argument checks are synchronous tests that need a client too.
 

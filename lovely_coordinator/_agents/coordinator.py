@@ -9,9 +9,10 @@ resumption the slot belongs to that waiter and nobody can barge in.
 
 Composition: an :class:`AgentCoordinator` *owns* its machinery, a ``core.CoordinatorCore``
 (the lock, the scheduler, the clock and timer, the update hub: what the handles it gives
-out talk to) and its registries; its public methods come in three flat halves (settings,
-``controls.py``; observation, ``observe.py``; registries, ``registries.py``), each over
-those parts, none overriding another.
+out talk to) and its registries. Taking slots and lending are here; its other public
+methods come in three flat parts (settings, ``controls.py``; observation, ``observe.py``:
+statistics, subscriptions, instruments and the endpoint; registries, ``registries.py``),
+each over that machinery, none overriding another.
 
 Cancellation (always through anyio cancel scopes): a waiter cancelled while queued leaves
 the queue; one whose cancellation reaches it after its grant but before it resumed hands
@@ -28,19 +29,13 @@ events keep running on the coordinator's home loop (``timers``). The guarantees 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar, final
 
 from .._base.config import CoordinatorConfig
 from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError
-from .._base.types import (
-    CoordinatorStatistics,
-    ModelTuple,
-    ModelTupleLike,
-    TupleStatistics,
-    as_model_tuple,
-)
+from .._base.types import ModelTuple, ModelTupleLike, as_model_tuple
 from .._base.validate import as_bool, as_callable, as_index
 from .blocking import BlockingRequestContext, as_timeout
 from .controls import LIMIT_MESSAGE, CoordinatorControls
@@ -57,8 +52,6 @@ from .permits import (
 )
 from .registries import CoordinatorRegistries
 from .requests import RequestContext, as_tokens
-from .statistics import tuple_snapshot
-from .updates import StatisticsCallback
 
 __all__ = ["AGENT_COORDINATOR_VERSION", "AgentCoordinator", "create_agent_coordinator"]
 
@@ -345,7 +338,7 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
         budget, a slot of its own (a thread has no current permit, so it never covers
         one), the same settle and release. Any number of threads may wait at once; each
         blocks only itself. The wait is made on a private daemon loop of the process
-        (see ``_blocking``), so timed reopens and budget refills wake it even when no
+        (see ``blocking``), so timed reopens and budget refills wake it even when no
         other loop runs.
 
         Args:
@@ -411,51 +404,3 @@ class AgentCoordinator(CoordinatorControls, CoordinatorObservation, CoordinatorR
             await permit._lend_end()
             raise
         await permit._lend_end()
-
-    # -- observing -------------------------------------------------------------------------------
-
-    def statistics(self) -> CoordinatorStatistics:
-        """A snapshot of the scheduling state (one entry per non-idle tuple, sorted).
-
-        A pure read: it changes nothing, and arms or fires no timer.
-        """
-        return self._core._statistics()
-
-    def tuple_statistics(self, t: ModelTupleLike) -> TupleStatistics | None:
-        """One tuple's entry of :meth:`statistics` (None where it would not be listed),
-        without building the others: an O(1) pure read, for integrations that look at one
-        tuple's budget or cap on every response.
-
-        Raises:
-            InvalidArgumentError: a bad tuple.
-        """
-        model_tuple = as_model_tuple(t)
-        with self._lock:
-            state = self._scheduler.tuple_state(model_tuple)
-            if state is None:
-                return None
-            return tuple_snapshot(state, self._clock.now(), self._clock.here_minus_home())
-
-    def subscribe(self, callback: StatisticsCallback) -> Callable[[], None]:
-        """Call ``callback(statistics)`` after scheduling changes: asynchronously (never
-        inside the scheduling call), coalesced, on the loop it subscribed from; whatever
-        it raises is logged and swallowed. It runs in the contextvars context of this
-        ``subscribe()`` call (a fresh copy of that snapshot for each call).
-
-        Returns:
-            An idempotent unsubscribe that removes this subscription only.
-
-        Raises:
-            InvalidArgumentTypeError: ``callback`` is not callable.
-        """
-        return self._core._hub.subscribe(as_callable(callback, "callback must be callable"))
-
-    def watch(self) -> AsyncGenerator[CoordinatorStatistics]:
-        """``async for s in coordinator.watch():`` the current statistics, then the latest
-        statistics after each change (coalesced).
-
-        An async generator that never ends by itself: to leave it early, close it, e.g.
-        ``async with contextlib.aclosing(coordinator.watch()) as updates:`` (trio asks
-        this of every async generator left before it ends).
-        """
-        return self._core._hub.watch()

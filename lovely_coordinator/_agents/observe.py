@@ -1,28 +1,31 @@
-"""Seeing a coordinator from outside (CONTRACT §7): instruments and the statistics endpoint.
+"""Seeing a coordinator from outside (CONTRACT §7): statistics, updates, instruments, endpoint.
 
 :class:`CoordinatorObservation` is the part of ``AgentCoordinator``'s API that changes
-nothing: ``add_instrument`` (the hooks metrics and tracing libraries use, see
-``_instruments``) and ``serve_statistics`` (a read-only JSON endpoint, see
-``_base/json_endpoint``). The endpoint's document is ``statistics()`` plus the waiters
-(``waiting``), both pure reads taken together under the lock, so they agree.
+nothing: ``statistics`` and ``tuple_statistics`` (pure reads), ``subscribe`` and ``watch``
+(the changes, delivered by the core's update hub, see ``updates``), ``add_instrument``
+(the hooks metrics and tracing libraries use, see ``instruments``) and
+``serve_statistics`` (a read-only JSON endpoint, see ``_base/json_endpoint``). The
+endpoint's document is ``statistics()`` plus the waiters (``waiting``), both pure reads
+taken together under the lock, so they agree.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from time import monotonic
 from typing import Final
 
 from .._base.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._base.json_endpoint import serve_document
-from .._base.types import CoordinatorStatistics, TupleStatistics
-from .._base.validate import as_index
+from .._base.types import CoordinatorStatistics, ModelTupleLike, TupleStatistics, as_model_tuple
+from .._base.validate import as_callable, as_index
 from .admission import attached
 from .core import CoordinatorCore
 from .instruments import Dispatch, Instrument
-from .statistics import snapshot
+from .statistics import snapshot, tuple_snapshot
+from .updates import StatisticsCallback
 from .waiting import PER_TUPLE, WaiterStatistics, waiters
 
 __all__ = ["STATISTICS_PATH", "CoordinatorObservation", "document"]
@@ -36,6 +39,53 @@ class CoordinatorObservation:
     """The observing half of ``AgentCoordinator``'s public API (over its ``_core``)."""
 
     _core: CoordinatorCore
+
+    def statistics(self) -> CoordinatorStatistics:
+        """A snapshot of the scheduling state (one entry per non-idle tuple, sorted).
+
+        A pure read: it changes nothing, and arms or fires no timer.
+        """
+        return self._core._statistics()
+
+    def tuple_statistics(self, t: ModelTupleLike) -> TupleStatistics | None:
+        """One tuple's entry of :meth:`statistics` (None where it would not be listed),
+        without building the others: an O(1) pure read, for integrations that look at one
+        tuple's budget or cap on every response.
+
+        Raises:
+            InvalidArgumentError: a bad tuple.
+        """
+        model_tuple = as_model_tuple(t)
+        core = self._core
+        with core._lock:
+            state = core._scheduler.tuple_state(model_tuple)
+            if state is None:
+                return None
+            return tuple_snapshot(state, core._clock.now(), core._clock.here_minus_home())
+
+    def subscribe(self, callback: StatisticsCallback) -> Callable[[], None]:
+        """Call ``callback(statistics)`` after scheduling changes: asynchronously (never
+        inside the scheduling call), coalesced, on the loop it subscribed from; whatever
+        it raises is logged and swallowed. It runs in the contextvars context of this
+        ``subscribe()`` call (a fresh copy of that snapshot for each call).
+
+        Returns:
+            An idempotent unsubscribe that removes this subscription only.
+
+        Raises:
+            InvalidArgumentTypeError: ``callback`` is not callable.
+        """
+        return self._core._hub.subscribe(as_callable(callback, "callback must be callable"))
+
+    def watch(self) -> AsyncGenerator[CoordinatorStatistics]:
+        """``async for s in coordinator.watch():`` the current statistics, then the latest
+        statistics after each change (coalesced).
+
+        An async generator that never ends by itself: to leave it early, close it, e.g.
+        ``async with contextlib.aclosing(coordinator.watch()) as updates:`` (trio asks
+        this of every async generator left before it ends).
+        """
+        return self._core._hub.watch()
 
     def add_instrument(self, instrument: Instrument) -> Callable[[], None]:
         """Tell ``instrument`` about every wait from now on (see :class:`Instrument`).

@@ -69,7 +69,8 @@ _METHODS: Final = (
     "bind_session_context",
     "get_session_context",
     # What the first-party extensions call on the coordinator they are given, which is
-    # often this one (tests/test_global.py scans their source to keep this list whole).
+    # often this one (tests/agents/test_process_global.py scans their source to keep this
+    # list whole).
     "learn_budget",
     "tuple_statistics",
     "add_instrument",

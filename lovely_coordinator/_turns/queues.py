@@ -12,7 +12,7 @@ nor those an earlier turn set. Which job runs next is decided by the
 :class:`~.job.Job`; this module only carries out their decisions.
 
 One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a
-locker, :mod:`._turns_lease`), ``job.run(fence)`` in the turn's shielded cancel scope,
+locker, see ``lease.py``), ``job.run(fence)`` in the turn's shielded cancel scope,
 which only the turn's stops cancel (``interrupt``, a lost lease, the block left early),
 the shielded lease release, and finally the job is marked done.
 """

@@ -1,0 +1,1 @@
+"""Tests of lovely_coordinator/_agents: the agent coordinator and its scheduler."""

@@ -1,0 +1,1 @@
+"""Tests of lovely_coordinator/_base: the pieces every wing stands on."""

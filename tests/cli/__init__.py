@@ -1,0 +1,1 @@
+"""Tests of lovely_coordinator/_cli: the command line's terminal views."""

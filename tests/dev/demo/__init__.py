@@ -1,0 +1,1 @@
+"""Tests of lovely_coordinator_dev.demo: the demo's parts."""

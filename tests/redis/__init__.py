@@ -1,0 +1,1 @@
+"""Tests of lovely_coordinator/_redis, on real throwaway servers (asyncio-only)."""
