@@ -72,7 +72,7 @@ class CoordinatorCore:
         self._update_hook()
 
     def _update_hook(self) -> None:
-        # The scheduler calls the hook only while it has something to do (see _engine).
+        # The scheduler calls the hook only while it has something to do (see engine.py).
         self._scheduler.hooked = self._hub.listening or self._timer.armed_at is not None
 
     def _registries_changed(self) -> None:

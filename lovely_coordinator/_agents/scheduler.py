@@ -57,7 +57,7 @@ slots of the same kinds. A holder waiting on its own request has lent its slot (
 or has a request in flight on it, which ends. Order within a tuple: requests take its
 calls and its budget in rank order (an own-slot request's rank is its acceptance order),
 so a small request never overtakes a larger one of better rank waiting for the budget.
-The liveness invariant of tests/test_scheduler.py checks all this after every step.
+The liveness invariant of tests/agents/test_scheduler.py checks all this after every step.
 
 Budgets are strict within a tuple: once the budget holds back the earliest request that
 could otherwise run (the *block*), no later request of that tuple draws until the budget
