@@ -6,7 +6,8 @@ from __future__ import annotations
 import heapq
 
 from lovely_coordinator import ModelTuple
-from lovely_coordinator._agents.lines import COVERED, PERMITS, REQUESTS, TupleState
+from lovely_coordinator._agents.lines import COVERED, PERMITS, REQUESTS
+from lovely_coordinator._agents.tickets import TupleState
 
 
 def test_ready_entries_that_tie_compare_by_line_kind() -> None:
