@@ -2,7 +2,7 @@
 
 A sync SDK client called from a thread pool has no event loop to park on, yet its calls
 must be admitted by the same scheduler, in the same line, as the async ones. The
-coordinator's waits and timers live on event loops (``_waiter``, ``_timers``), so a
+coordinator's waits and timers live on event loops (``_base/waiter``, ``timers``), so a
 blocking admission borrows one: a private daemon thread runs an asyncio loop (the
 *helper loop*, one per process, started on first use) on which every blocking admission
 is made, exactly as an async caller on a loop of another thread would make it. The
@@ -242,7 +242,7 @@ class BlockingRequestContext:
         self._entered = True
         timeout = self._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        outside, order = admit_blocking(  # a fleet's admission first (see _admission)
+        outside, order = admit_blocking(  # a fleet's admission first (see admission)
             self._core, self._t, self._tokens, self._order, self._reject, deadline
         )
         try:

@@ -207,7 +207,7 @@ class CoordinatorControls:
         requests, tokens = _budget(requests_per_minute), _budget(tokens_per_minute)
         left_requests, left_tokens = _remaining(requests_remaining), _remaining(tokens_remaining)
         hook = attached(self)
-        if hook is not None:  # a fleet: the provider's budget is the fleet's (_admission.py)
+        if hook is not None:  # a fleet: the provider's budget is the fleet's (admission.py)
             hook.learn(model_tuple, requests, tokens, left_requests, left_tokens)
             return
         with self._core._lock:

@@ -46,6 +46,7 @@ class CoordinatorCore:
         self.residents: Callable[[], int] = _no_residents
         self._config = config
         self._lock = threading.RLock()
+        self._arriving = 0  # permit() callers between their checkpoint and their place
         self._clock = LoopClock()
         self._hub = UpdateHub(self._statistics, self._lock, self._update_hook)
         self._scheduler = Scheduler(
@@ -71,7 +72,7 @@ class CoordinatorCore:
         self._update_hook()
 
     def _update_hook(self) -> None:
-        # The scheduler calls the hook only while it has something to do (see _engine).
+        # The scheduler calls the hook only while it has something to do (see engine.py).
         self._scheduler.hooked = self._hub.listening or self._timer.armed_at is not None
 
     def _registries_changed(self) -> None:
@@ -114,19 +115,26 @@ class CoordinatorCore:
 
         A ticket waits as its own parker from *before* the call that places or activates
         it (``ticket.parker = ticket``), so a grant inside that call resolves it through
-        the one grant rule (``Engine._grant``), like any later grant: its wait is then
-        just the checkpoint, and a cancellation there undoes the grant
-        (``_parker_undo``). The call leaves ``parker`` set exactly when the ticket still
-        waits; then it is a guest of the clock. (The one grant made while nobody waited,
-        a reservation's on an earlier ``activate()``, resolves it when its run starts.)
-        Either way the caller then awaits the ticket's wait (``Parker.wait``, or its steps
-        inlined), outside the lock.
+        the one grant rule (``Engine._grant``), like any later grant. The call leaves
+        ``parker`` set exactly when the ticket still waits; then it is a guest of the
+        clock. (The one grant made while nobody waited, a reservation's on an earlier
+        ``activate()``, resolves it when its run starts.) The caller then awaits the
+        ticket's wait outside the lock (``Parker.wait``, or its steps inlined): the sleep,
+        or for a ticket granted already just the checkpoint, where a cancellation undoes
+        the grant (``_parker_undo``). ``permit()``'s caller passed its checkpoint before
+        it took its place (:meth:`_arrive`), so one granted at once skips the wait:
+        the hottest path there is pays one suspension, as a semaphore's does.
         """
         self._clock.visit()  # a guest: it takes the timer over if home ends
 
-    def _enqueue_permit(self, ticket: PermitTicket, t: ModelTuple, order: int | None) -> None:
-        """Place a fresh permit ``ticket`` in line; then await its wait."""
+    def _enqueue_permit(
+        self, ticket: PermitTicket, t: ModelTuple, order: int | None, arriving: bool = False
+    ) -> None:
+        """Place a fresh permit ``ticket`` in line (``arriving``: its caller is one, see
+        :meth:`_arrive`); then await its wait, unless it was granted at once."""
         with self._lock:
+            if arriving:
+                self._arriving -= 1
             if self._scheduler.wakeups:
                 self._follow()
             ticket.parker = ticket  # (see _park)
@@ -137,6 +145,33 @@ class CoordinatorCore:
                 raise
             if ticket.parker is not None:
                 self._park(ticket)
+
+    def _arrive(self, t: ModelTuple) -> bool:
+        """Whether ``permit()``'s caller on ``t`` yields before it takes a place (then it
+        counts as arriving until :meth:`_enqueue_permit` or :meth:`_arrived`).
+
+        The caller must pass a checkpoint *before* it takes a place: cancelled there, it
+        took nothing (no place in line, no acceptance order). One that will most likely
+        be granted at once yields there (a plain ``waiter.checkpoint``), and that is its
+        only suspension: nothing was granted before it, so no grant is undone. One that
+        will park must not yield twice (its park is its suspension), so it only checks
+        (``checkpoint_if_cancelled``). The callers still arriving count against the free
+        slots, so that many arriving together do not all guess a slot of their own. (The
+        guess only decides the cost: a caller whose slot was taken meanwhile parks too.)
+        """
+        scheduler = self._scheduler
+        if scheduler.active + self._arriving >= scheduler.limit:  # (the cheap test first)
+            return False
+        with self._lock:
+            if not scheduler.runs_at_once(t, self._arriving):
+                return False
+            self._arriving += 1
+            return True
+
+    def _arrived(self) -> None:
+        # An arriving caller was cancelled at its checkpoint: it took nothing.
+        with self._lock:
+            self._arriving -= 1
 
     async def _acquire(self, t: ModelTuple, order: int | None, reject: bool) -> PermitTicket:
         """Wait for a permit's slot (``permit()`` does the same without this frame)."""

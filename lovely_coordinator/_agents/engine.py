@@ -102,7 +102,7 @@ class Engine:
         # a wake-up exists (its timer must be armed): the hot path pays two reads.
         self.on_change: Callable[[], object] = _nothing
         self.hooked = False
-        # The registered instruments (``_instruments``), told of every wait's start and
+        # The registered instruments (``instruments``), told of every wait's start and
         # end; None while there are none, which is all the hot paths test.
         self.observer: Dispatch | None = None
         self._clock: Callable[[], float] = clock or _no_clock

@@ -37,7 +37,7 @@ from .._base.errors import (
 from .._base.process_wide import process_wide
 from .._base.types import ModelTuple
 from .._base.validate import as_callable
-from .._base.waiter import Parker
+from .._base.waiter import PENDING, Parker, checkpoint
 from .core import RELEASED_MESSAGE
 from .tickets import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, PermitTicket
 
@@ -155,15 +155,24 @@ class PermitContext(PermitTicket):
         if self.seq:  # it took a place in line already
             raise UsageError("a permit() context manager can be entered only once")
         coordinator = self._coordinator
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        coordinator._enqueue_permit(self, self._t, self._order)
-        # Parker.wait, inlined: one coroutine frame less per parked waiter.
-        lock = coordinator._lock
-        try:
-            await self.sleep(lock)
-        except BaseException:
-            self.cancelled(coordinator, self, lock)
-            raise
+        # The checkpoint, before it takes a place: cancelled there, it took nothing.
+        arriving = coordinator._arrive(self._t)
+        if arriving:  # likely granted at once: this yield is its only suspension
+            try:
+                await checkpoint()
+            except BaseException:
+                coordinator._arrived()
+                raise
+        else:  # it will park: the park is its suspension
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        coordinator._enqueue_permit(self, self._t, self._order, arriving)
+        if self._state == PENDING:  # it waits: Parker.wait, inlined (a frame less)
+            lock = coordinator._lock
+            try:
+                await self.sleep(lock)
+            except BaseException:
+                self.cancelled(coordinator, self, lock)
+                raise
         self.outcome()
         permit = AgentPermit(coordinator, self)
         frame = self._frame = (permit, coordinator, _current.get())  # _enter, inlined

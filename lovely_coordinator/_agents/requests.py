@@ -3,7 +3,7 @@
 A request is a ticket of its own in the scheduler (``RequestTicket``): it waits for the
 gate, the budget and a slot, where the slot may be its task's current permit (see
 ``scheduler.py``). The request the running code is inside is a context variable, shared
-by every copy of the library (``_permits.py``), so that a request entered again by the
+by every copy of the library (``permits.py``), so that a request entered again by the
 same task (an SDK call inside a framework's coordinated request) joins it instead of
 counting the call twice. Child tasks never join: that would bypass the cap.
 """

@@ -57,7 +57,7 @@ slots of the same kinds. A holder waiting on its own request has lent its slot (
 or has a request in flight on it, which ends. Order within a tuple: requests take its
 calls and its budget in rank order (an own-slot request's rank is its acceptance order),
 so a small request never overtakes a larger one of better rank waiting for the budget.
-The liveness invariant of tests/test_scheduler.py checks all this after every step.
+The liveness invariant of tests/agents/test_scheduler.py checks all this after every step.
 
 Budgets are strict within a tuple: once the budget holds back the earliest request that
 could otherwise run (the *block*), no later request of that tuple draws until the budget
@@ -195,6 +195,16 @@ class Scheduler(Settings):
             if state.foreground is None:
                 state.foreground = {}
             state.foreground[ticket] = None
+
+    def runs_at_once(self, model_tuple: ModelTuple, ahead: int = 0) -> bool:
+        """Whether a permit on ``model_tuple`` enqueued now, after ``ahead`` others that
+        will take slots first, would most likely be granted in that call: the condition
+        of :meth:`enqueue`'s fast path (a pure read, a hint for the shell: it may be
+        stale by the time the permit comes)."""
+        if self.active + ahead >= self.limit or self._ready or self._bypass:
+            return False
+        state = self._tuples.get(model_tuple)
+        return state is None or state.line_admits(state.permits)
 
     def enqueue(
         self,

@@ -41,7 +41,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .backend import trio_running
 
-__all__ = ["PENDING", "CancelHandler", "Parker", "Wakeable"]
+__all__ = ["PENDING", "CancelHandler", "Parker", "Wakeable", "checkpoint"]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -239,6 +239,16 @@ class Parker(Generic[T]):
         if home is not None:
             self._home = (None, home[1])
         return sys.modules["trio"].lowlevel.Abort.SUCCEEDED
+
+
+def checkpoint() -> Awaitable[object]:
+    """A schedule point where a cancellation lands, nothing more: the backend's own
+    (``trio.lowlevel.checkpoint``; a bare yield on asyncio), without anyio's look-up of
+    the running library. For a caller that must be cancellable *before* it takes a
+    place anywhere (see ``PermitContext.__aenter__``)."""
+    if trio_running():
+        return sys.modules["trio"].lowlevel.checkpoint()  # type: ignore[no-any-return]
+    return _checkpoint()
 
 
 @types.coroutine

@@ -1,7 +1,7 @@
 """Lanes: one activation per key under a global cap (the async runner).
 
 The decisions (who starts, who waits, who gets a freed slot) live in the synchronous
-:class:`~._lanes_state.LanesState`, the config and outcome values in :mod:`._lanes_types`;
+:class:`~.state.LanesState`, the config and outcome values in :mod:`.types`;
 this module only runs what the state decides. Each recorded
 activation gets one task in the lanes' task group. That task is shielded from outside
 cancellation for its whole life, so it always reaches its end and frees its slot; the

@@ -1,4 +1,4 @@
-"""Per-conversation turn queues: the async shell over :mod:`._turns_state`.
+"""Per-conversation turn queues: the async shell over :mod:`.state`.
 
 :class:`TurnRegistry` owns a task group. :meth:`~TurnRegistry.submit` starts a task for a
 turn that starts at once; when a turn ends, its task ends it and takes the next one (or
@@ -8,7 +8,7 @@ its context holds the very values that turn's submitter had (one submitter, turn
 nothing: the common case), and otherwise spawns the turn a task of its own in the
 submitter's context. So a turn never sees the values of whoever started the conversation,
 nor those an earlier turn set. Which job runs next is decided by the
-:class:`~._turns_state.TurnTable`; how a turn's outcome is decided, by the
+:class:`~.state.TurnTable`; how a turn's outcome is decided, by the
 :class:`~.job.Job`; this module only carries out their decisions.
 
 One turn, as its task takes it: ``on_dequeue`` (jobs that waited), the lease (with a

@@ -375,6 +375,51 @@ async def test_cancelled_before_enqueue_takes_no_order() -> None:
         assert_idle(coord)
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["free", "contended"])
+async def test_permit_cancelled_at_its_checkpoint_takes_nothing(held: bool) -> None:
+    """``permit()`` passes its checkpoint before it takes a place (a yield where it
+    expects a slot of its own, else a check): cancelled there, it took nothing."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)
+        holder = await coord.acquire(T) if held else None
+        entered = False
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            async with coord.permit(T):
+                entered = True
+        assert scope.cancelled_caught
+        assert not entered
+        assert coord.next_acceptance_order() == (2 if held else 1)
+        assert coord._core._arriving == 0
+        if holder is not None:
+            holder.release()
+        assert_idle(coord)
+
+
+async def test_permit_callers_arriving_together_are_granted_in_order() -> None:
+    """Callers that arrive together, each expecting a free slot, count against the free
+    slots; whatever each guessed, they are granted in acceptance order, none is lost."""
+    with anyio.fail_after(5):
+        coord = create_agent_coordinator(1)  # one at a time: resumed in the order granted
+        granted: list[int] = []
+        go = anyio.Event()
+
+        async def worker() -> None:
+            async with coord.permit(T) as permit:
+                granted.append(permit.acceptance_order)
+                await go.wait()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(worker)
+            await wait_all_tasks_blocked()
+            assert (coord.active_count, coord.queued_count) == (1, 4)
+            assert coord._core._arriving == 0
+            go.set()
+        assert granted == [1, 2, 3, 4, 5]
+        assert_idle(coord)
+
+
 # -- permit(), run(), current_permit() -------------------------------------------------------------
 
 

@@ -1108,7 +1108,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.s.enqueue(t, explicit, active, reject)
             return
         order = m.next_order(explicit)
+        at_once = self.s.runs_at_once(t)  # the shell's hint: when it says so, it is so
         ticket = self.s.enqueue(t, explicit, active, reject)
+        if at_once and active:
+            assert ticket.state == GRANTED
         ref = m.new_ref(ticket, t, order, reject)
         if active:
             ref.state = QUEUED

@@ -10,7 +10,7 @@ import pytest
 import trio.testing
 from anyio import wait_all_tasks_blocked
 
-from lovely_coordinator._base.waiter import Parker
+from lovely_coordinator._base.waiter import Parker, checkpoint
 
 pytestmark = pytest.mark.anyio
 # asyncio-only behaviour (native task.cancel()); the module is marked for anyio.
@@ -71,6 +71,30 @@ async def test_grant_before_wait_still_checkpoints(anyio_backend: str) -> None:
             # asyncio runs ready tasks in order: `other` runs only if the wait yields.
             assert await parker.wait(calls, "key") == "early"
             assert other_ran.is_set()
+
+
+async def test_checkpoint_yields_and_is_a_cancel_point(anyio_backend: str) -> None:
+    with anyio.fail_after(5):
+        if anyio_backend == "trio":
+            with trio.testing.assert_checkpoints():
+                await checkpoint()
+        else:
+            other_ran = anyio.Event()
+
+            async def other() -> None:
+                other_ran.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                await checkpoint()  # asyncio runs ready tasks in order: `other` ran
+                assert other_ran.is_set()
+        reached = False
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await checkpoint()
+            reached = True
+        assert scope.cancelled_caught
+        assert not reached
 
 
 async def test_fail_raises_the_error() -> None:
