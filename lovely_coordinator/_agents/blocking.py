@@ -42,8 +42,8 @@ from .._base.errors import AdmissionTimeoutError, UsageError
 from .._base.types import ModelTuple
 from .._base.validate import as_seconds
 from .admission import admit_blocking
-from .lines import GRANTED, RequestTicket
 from .requests import ModelRequest
+from .tickets import GRANTED, RequestTicket
 
 if TYPE_CHECKING:
     from .core import CoordinatorCore

@@ -40,7 +40,6 @@ from .._base.validate import as_bool, as_callable, as_index
 from .blocking import BlockingRequestContext, as_timeout
 from .controls import LIMIT_MESSAGE, CoordinatorControls
 from .core import CoordinatorCore
-from .lines import DONE
 from .observe import CoordinatorObservation
 from .permits import (
     WAIT_MESSAGE,
@@ -52,6 +51,7 @@ from .permits import (
 )
 from .registries import CoordinatorRegistries
 from .requests import RequestContext, as_tokens
+from .tickets import DONE
 
 __all__ = ["AGENT_COORDINATOR_VERSION", "AgentCoordinator", "create_agent_coordinator"]
 

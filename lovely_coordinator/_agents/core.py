@@ -20,9 +20,9 @@ from .._base.config import CoordinatorConfig
 from .._base.errors import PermitReleasedError
 from .._base.types import CoordinatorStatistics, ModelTuple
 from .._base.waiter import Parker
-from .lines import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from .scheduler import Scheduler
 from .statistics import snapshot
+from .tickets import DONE, GRANTED, QUEUED, PermitTicket, RequestTicket, Ticket
 from .timers import LoopClock, WakeupTimer
 from .updates import UpdateHub
 

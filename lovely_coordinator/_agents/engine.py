@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Final, cast
 
 from .._base.types import ModelTuple
 from .events import BUDGETS, budget_exhausted
-from .lines import (
+from .lines import PERMITS
+from .tickets import (
     GRANTED,
-    PERMITS,
     QUEUED,
     Entry,
-    Line,
     PermitTicket,
     ReadyEntry,
     Ticket,
+    TicketLine,
     TupleState,
 )
 from .wakeups import BUDGET, Wakeups
@@ -193,7 +193,7 @@ class Engine:
 
     # -- who may run ----------------------------------------------------------------------------
 
-    def _offer(self, line: Line) -> None:
+    def _offer(self, line: TicketLine) -> None:
         """Make sure a runnable line with a live head is represented in ``_ready``."""
         state = line.state
         if not state.line_admits(line):
@@ -306,7 +306,7 @@ class Engine:
             else:
                 break
 
-    def _grant_from(self, line: Line) -> None:
+    def _grant_from(self, line: TicketLine) -> None:
         """Grant the head of ``line``, whose entry the drain just settled on top of
         ``_ready``, and re-key the line there (the only caller is :meth:`_drain`)."""
         # Never touches _ready: a permit granted from its line covers nothing yet, and a

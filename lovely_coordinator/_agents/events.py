@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 from .._base.types import ModelTuple
 
 if TYPE_CHECKING:
-    from .lines import Ticket, TupleState
+    from .tickets import Ticket, TupleState
 
 __all__ = [
     "BUDGETS",

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final, Literal, final
 from .._base.types import ModelTuple
 
 if TYPE_CHECKING:
-    from .lines import Ticket
+    from .tickets import Ticket
 
 __all__ = ["CANCELLED", "GRANTED", "REJECTED", "Dispatch", "Instrument", "WaitOutcome"]
 

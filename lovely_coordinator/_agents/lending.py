@@ -19,17 +19,8 @@ from time import monotonic
 from .._base.waiter import Wakeable
 from .engine import Engine, bypass_live
 from .instruments import CANCELLED, WaitOutcome
-from .lines import (
-    COMPACT_MIN,
-    DONE,
-    GRANTED,
-    INACTIVE,
-    LENT,
-    QUEUED,
-    PermitTicket,
-    RequestTicket,
-    Ticket,
-)
+from .lines import COMPACT_MIN
+from .tickets import DONE, GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, RequestTicket, Ticket
 
 __all__ = ["Lending"]
 

@@ -1,65 +1,38 @@
-"""The scheduler's data: tickets, the lines they wait in, and each tuple's bookkeeping.
+"""The line the scheduler's tickets wait in: :class:`Line`, best ``(order, seq)`` first.
 
-Plain synchronous structures with no decisions in them (those are ``scheduler.py``'s).
-The three refer to one another (a ticket knows its line and its tuple, a tuple holds its
-lines), so they live in one module.
+A plain synchronous container with no decisions in it (those are ``scheduler.py``'s). A
+line holds the queued tickets of one tuple and one kind, and keeps on each ticket where
+its live occurrence is, so a ticket leaves in O(1) and is forgotten lazily (see the
+class).
 
-* A :class:`Ticket` is one place in line and, once granted, the slot a permit holds or
-  the call a model request makes. It is also the parker of the task waiting for it
-  (``_base.waiter.Parker``), and the coordinator's context managers are tickets too: one
-  object per call, which is most of what a parked waiter costs.
-* A :class:`Line` holds the queued tickets of one tuple and one kind, best
-  ``(acceptance order, arrival)`` first, with lazy deletion (see the class).
-* A :class:`TupleState` holds a tuple's three lines (permits, requests waiting for a
-  slot of their own, requests covered by a permit), its counts, gate, cap and budget.
+Line is generic: over what it holds, anything :class:`Queued` (the four attributes it
+reads and writes on a ticket), and over its owner, anything with a ``tuple`` (read for the
+repr only). It imports nothing of the scheduler's, because tickets, lines and tuple
+states refer to one another: a ticket knows its line and its tuple, a tuple holds its
+three lines. Tickets and tuple states live together in ``tickets.py``, which builds lines
+and so imports this module; were Line to name them back, even in annotations only, each
+module would import the other. Generic, it names neither, and the imports stay a tree.
+``tickets.TicketLine`` is the line the scheduler uses (``Line[TupleState, Ticket]``).
+The type parameters are for the type checker only: ``Generic`` adds no field and no call
+per line, and nothing checks them at runtime.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar, Final, final
-
-from .._base.types import ModelTuple
-from .._base.waiter import PENDING, Parker, Wakeable
-
-if TYPE_CHECKING:
-    from .bucket import Bucket
-    from .budgets import Budget
+from typing import Any, Final, Generic, Protocol, TypeVar, final
 
 __all__ = [
     "COMPACT_MIN",
     "COVERED",
-    "DONE",
-    "GRANTED",
-    "INACTIVE",
     "LEFT",
-    "LENT",
     "PERMITS",
-    "QUEUED",
     "REQUESTS",
-    "STATE_NAMES",
-    "Candidate",
-    "Entry",
     "Line",
-    "PermitTicket",
-    "ReadyEntry",
-    "RequestTicket",
-    "Ticket",
-    "TupleState",
+    "Owner",
+    "Queued",
 ]
-
-# Ticket states. INACTIVE and QUEUED are "queued" (counted in queued); GRANTED holds a
-# slot (or, for a covered request, is in flight on its cover's slot); LENT is a permit
-# that gave its slot back while its holder waits; DONE is terminal.
-INACTIVE: Final = 0
-QUEUED: Final = 1
-GRANTED: Final = 2
-LENT: Final = 3
-DONE: Final = 4
-
-STATE_NAMES: Final = ("inactive", "queued", "granted", "lent", "done")
-
 
 # Line kinds.
 PERMITS: Final = 0  # permits and reservations: a slot, the gate, the tuple cap
@@ -74,178 +47,38 @@ LEFT: Final = object()
 COMPACT_MIN: Final = 64
 
 
-class Ticket(Parker[bool]):
-    """A place in line; once granted, a slot (a permit) or a call in flight (a request).
-
-    Two kinds, :class:`PermitTicket` and :class:`RequestTicket`; each stores only its own
-    fields, and reads the other kind's as the class-level defaults below (parked waiters
-    are the coordinator's memory: a slot less per waiter is worth a class).
+class Queued(Protocol):
+    """What a line reads and writes on the tickets it holds (see :class:`Line`).
 
     Attributes:
-        order, seq: the current place in line, ``(acceptance order, arrival)``; seq is
-            unique per scheduler.
-        state: INACTIVE, QUEUED, GRANTED, LENT or DONE.
-        tuple_state: the tuple's bookkeeping (refreshed on every reacquire).
-        reject: fail when the tuple's gate closes while queued.
-        request: a model request (else a permit or reservation).
-        line: the line holding the ticket's live entry, while queued in one.
-        entry: that live entry (the very tuple in the line's heap).
-        bypass: the place in line is a lending permit's reacquire (ignores gates, caps).
-        parker: the task waiting for this ticket, if one is parked.
-        error: why the ticket failed, when nobody was parked to receive it.
-        since: ``time.monotonic()`` when it started to wait, set only where it really
-            queues (None for a ticket granted at once); for observation, never decisions.
-
-    A permit's own: ``origin`` (the acceptance order it was first granted with),
-    ``lends`` (lends in progress; the last one to end reacquires), ``covering`` (the
-    request on its slot, reserved or in flight), ``candidates`` (a heap of requests
-    waiting for its slot to be free), ``deferred`` (lent or released, its slot stays
-    taken until the request in flight on it ends) and ``parked`` (held, but its slot is
-    lent while the request it covers waits; rule L in ``scheduler.py``). A request's
-    own: ``accepted`` (its acceptance order; ``order`` is its rank, see rule L),
-    ``tokens`` (its charge: the estimate, then what it settled), ``cover`` (the permit
-    whose slot it may use) and ``covered`` (it is, queued or in flight, on that slot).
+        order, seq: the ticket's place in line, ``(acceptance order, arrival)``; seq is
+            unique among the tickets a line ever holds.
+        line: the line holding the ticket's live occurrence, while queued in one.
+        entry: that live occurrence (see the line's invariants), :data:`LEFT` once the
+            ticket left a line, None before it ever was in one.
     """
-
-    __slots__ = (
-        "bypass",
-        "entry",
-        "error",
-        "line",
-        "order",
-        "parker",
-        "reject",
-        "seq",
-        "since",
-        "state",
-        "tuple_state",
-    )
-
-    request: ClassVar[bool] = False
-    # The other kind's fields, read-only here (each subclass has slots for its own).
-    origin: int = 0
-    lends: int = 0
-    covering: RequestTicket | None = None
-    candidates: list[Candidate] | None = None
-    deferred: bool = False
-    parked: bool = False
-    accepted: int = 0
-    tokens: int = 0
-    cover: PermitTicket | None = None
-    covered: bool = False
 
     order: int
     seq: int
-    state: int
-    tuple_state: TupleState
-    reject: bool
-    line: Line | None
-    entry: object  # its live occurrence in ``line`` (see Line), LEFT, or None
-    bypass: bool
-    parker: Wakeable | None
-    error: BaseException | None
-    since: float | None
+    # Any: an attribute a protocol lets write must match exactly, and a ticket's own
+    # ``line`` is its concrete line type; a line only stores itself there and compares.
+    line: Line[Any, Any] | None
+    entry: object
 
-    def __init__(self, reject: bool) -> None:
-        # Every field set here, not through super(): this runs for every acquire. The
-        # place in line (order, seq, tuple_state) is the scheduler's to set.
-        self._state = PENDING
-        self._value = None
-        self._error = None
-        self._sleeper = None
-        self._home = None
-        self.order = self.seq = 0
-        self.state = INACTIVE
-        self.reject = reject
-        self.line = None
-        self.entry = None
-        self.bypass = False
-        self.parker = None
-        self.error = None
-        self.since = None
 
-    def __repr__(self) -> str:
-        kind = "request" if self.request else "permit"
-        state = STATE_NAMES[self.state]
-        where = getattr(self, "tuple_state", None)  # unset until it takes a place in line
-        t = None if where is None else where.tuple
-        return f"<Ticket {kind} {t} order={self.order} seq={self.seq} {state}>"
+class Owner(Protocol):
+    """What a line reads of its owner (a tuple's state): its ``tuple``, for the repr."""
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.order, self.seq)
+    def tuple(self) -> object: ...
 
 
-class PermitTicket(Ticket):
-    """A permit's or a reservation's ticket (see :class:`Ticket`).
-
-    Not final: the coordinator's ``permit()`` context manager *is* its ticket (and its
-    parker), one object per call.
-    """
-
-    __slots__ = ("candidates", "covering", "deferred", "lends", "origin", "parked")
-
-    origin: int
-    lends: int
-    covering: RequestTicket | None
-    candidates: list[Candidate] | None
-    deferred: bool
-    parked: bool
-
-    def __init__(self, reject: bool) -> None:
-        # Ticket.__init__'s fields, set here rather than through it: one call less on
-        # every acquire (the hottest path there is). Keep the two lists in step.
-        self._state = PENDING
-        self._value = None
-        self._error = None
-        self._sleeper = None
-        self._home = None
-        self.order = self.seq = 0
-        self.state = INACTIVE
-        self.reject = reject
-        self.line = None
-        self.entry = None
-        self.bypass = False
-        self.parker = None
-        self.error = None
-        self.since = None
-        self.origin = 0  # the scheduler's to set, with its place
-        self.lends = 0
-        self.covering = None
-        self.candidates = None
-        self.deferred = False
-        self.parked = False
-
-
-class RequestTicket(Ticket):
-    """A model request's ticket (see :class:`Ticket`; its context manager is one too)."""
-
-    __slots__ = ("accepted", "cover", "covered", "tokens")
-
-    request: ClassVar[bool] = True
-    accepted: int
-    tokens: int
-    cover: PermitTicket | None
-    covered: bool
-
-    def __init__(self, reject: bool, tokens: int) -> None:
-        Ticket.__init__(self, reject)
-        self.accepted = 0  # the scheduler's to set, with its place
-        self.tokens = tokens
-        self.cover = None
-        self.covered = False
-
-
-# (order, seq, ticket) in a line's heap or the bypass heap: seq is unique to a ticket, so
-# a tie is one ticket's dead and live occurrences, equal tuples that never compare tickets.
-# (order, seq, line) in the ready heap: two lines may tie there (see Line.__lt__).
-Entry = tuple[int, int, Ticket]
-ReadyEntry = tuple[int, int, "Line"]
-Candidate = tuple[int, int, "RequestTicket"]  # in a permit's heap of candidates
+S = TypeVar("S", bound=Owner)
+Q = TypeVar("Q", bound=Queued)
 
 
 @final
-class Line:
+class Line(Generic[S, Q]):
     """The queued tickets of one tuple and one kind, best ``(order, seq)`` first.
 
     Tickets usually arrive in increasing key order (fresh acceptance orders only grow),
@@ -270,7 +103,7 @@ class Line:
 
     __slots__ = ("dead", "entry", "fifo", "items", "kind", "last", "state")
 
-    def __init__(self, state: TupleState, kind: int) -> None:
+    def __init__(self, state: S, kind: int) -> None:
         self.state = state
         self.kind = kind
         # A deque of tickets (fifo) or a heap list of entries: typed loosely, the two
@@ -279,9 +112,9 @@ class Line:
         self.fifo = True
         self.last = (0, 0)
         self.dead = 0
-        self.entry: ReadyEntry | None = None
+        self.entry: tuple[int, int, Line[S, Q]] | None = None
 
-    def __lt__(self, other: Line) -> bool:
+    def __lt__(self, other: Line[S, Q]) -> bool:
         # Only the scheduler's ready heap compares lines, and only when two entries tie on
         # ``(order, seq)``: one ticket was the head of two lines of its tuple (a request
         # moved to the covered line, a lend coming back), and the line it left still holds
@@ -293,13 +126,13 @@ class Line:
         kind = ("permits", "requests", "covered")[self.kind]
         return f"<Line {self.state.tuple} {kind} {len(self.items) - self.dead} live>"
 
-    def live(self, item: Ticket | Entry) -> bool:
+    def live(self, item: Q | tuple[int, int, Q]) -> bool:
         """Whether ``item`` of ``items`` is its ticket's live occurrence."""
         if isinstance(item, tuple):
             return item[2].entry is item
         return item.entry is item and item.line is self
 
-    def push(self, ticket: Ticket) -> None:
+    def push(self, ticket: Q) -> None:
         ticket.line = self
         items = self.items
         if self.fifo:
@@ -315,9 +148,9 @@ class Line:
         entry = ticket.entry = (ticket.order, ticket.seq, ticket)
         heapq.heappush(items, entry)
 
-    def _to_heap(self) -> list[Entry]:
+    def _to_heap(self) -> list[tuple[int, int, Q]]:
         # Out of order: a heap from now on, of the live tickets only.
-        live: list[Entry] = []
+        live: list[tuple[int, int, Q]] = []
         for ticket in self.items:
             if ticket.entry is ticket and ticket.line is self:
                 entry = ticket.entry = (ticket.order, ticket.seq, ticket)
@@ -328,12 +161,12 @@ class Line:
         self.dead = 0
         return live
 
-    def head(self) -> Ticket | None:
+    def head(self) -> Q | None:
         """The best live ticket, dropping dead occurrences from the front."""
         items = self.items
         if self.fifo:
             while items:
-                ticket: Ticket = items[0]
+                ticket: Q = items[0]
                 if ticket.entry is ticket and ticket.line is self:
                     return ticket
                 items.popleft()
@@ -350,23 +183,23 @@ class Line:
         self.fifo = True
         return None
 
-    def first(self) -> Ticket:
+    def first(self) -> Q:
         """The ticket at the front (the caller just saw :meth:`head` return it)."""
         item = self.items[0]
-        ticket: Ticket = item if self.fifo else item[2]
+        ticket: Q = item if self.fifo else item[2]
         return ticket
 
-    def pop(self) -> Ticket:
+    def pop(self) -> Q:
         """Remove and return the head (the caller just saw :meth:`head` return it)."""
         items = self.items
         if self.fifo:
-            ticket: Ticket = items.popleft()
+            ticket: Q = items.popleft()
         else:
             ticket = heapq.heappop(items)[2]
         ticket.line = ticket.entry = None
         return ticket
 
-    def remove(self, ticket: Ticket) -> None:
+    def remove(self, ticket: Q) -> None:
         """Take ``ticket`` out of the line (its occurrence dies in place)."""
         ticket.line = None
         ticket.entry = LEFT
@@ -381,135 +214,9 @@ class Line:
                 self.items = kept
             self.dead = 0
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[tuple[int, int, Q]]:
         """The live occurrences as ``(order, seq, ticket)``, in storage order (a FIFO's is
         sorted, a heap's is not). O(n); a pure read, for snapshots and checks."""
         if self.fifo:
             return [(t.order, t.seq, t) for t in self.items if t.entry is t and t.line is self]
         return [e for e in self.items if e[2].entry is e]
-
-
-@final
-class TupleState:
-    """The bookkeeping of one model tuple.
-
-    Invariants (checked by ``Scheduler.check_invariants``):
-        * ``active`` counts the slots on this tuple: its GRANTED permits that are not
-          parked and GRANTED requests on a slot of their own, plus lent or released
-          permits whose slot is deferred; ``calls`` counts its GRANTED requests, on
-          slots of their own or on covers of any tuple (the calls in flight).
-        * A cap bounds both: nothing but a reacquire is granted a slot on the tuple
-          while ``active >= limit`` (a reacquire or a parked permit taking its slot
-          back may exceed it), and no request of the
-          tuple is granted while ``calls >= limit`` (nothing exceeds that).
-        * ``queued`` counts its INACTIVE and QUEUED tickets (reacquires included).
-        * ``foreground`` holds exactly its queued tickets with ``reject`` set.
-        * ``inactive`` holds exactly its INACTIVE tickets (reservations not yet activated,
-          which are in no line), oldest first; ``lent`` counts its LENT and parked
-          permits and queued reacquires (so the tuple is never idle while a permit of
-          it is lent).
-        * ``block``, when set, is the earliest request that the budget holds back (the
-          *front*); no request of the tuple with a later key may draw until
-          ``block_until``, when the budget holds the front.
-    """
-
-    __slots__ = (
-        "active",
-        "block",
-        "block_until",
-        "budget",
-        "calls",
-        "covered",
-        "foreground",
-        "inactive",
-        "lent",
-        "limit",
-        "open",
-        "permits",
-        "queued",
-        "reopens_at",
-        "requests",
-        "tuple",
-    )
-
-    def __init__(self, model_tuple: ModelTuple) -> None:
-        self.tuple = model_tuple
-        self.permits = Line(self, PERMITS)
-        self.requests = Line(self, REQUESTS)
-        self.covered = Line(self, COVERED)
-        self.active = 0
-        self.calls = 0
-        self.queued = 0
-        self.limit: int | None = None
-        self.open = True
-        self.reopens_at: float | None = None
-        self.foreground: dict[Ticket, None] | None = None  # created on first use
-        self.inactive: dict[Ticket, None] | None = None  # created on first use
-        self.lent = 0
-        self.budget: Budget | None = None  # its request and token buckets, if any
-        self.block: Ticket | None = None
-        self.block_until: float | None = None
-
-    def __repr__(self) -> str:
-        return f"<TupleState {self.tuple} active={self.active} queued={self.queued}>"
-
-    @property
-    def capped(self) -> bool:
-        """Its slots are at its cap: no permit or own-slot request may be granted."""
-        limit = self.limit
-        return limit is not None and self.active >= limit
-
-    @property
-    def calls_full(self) -> bool:
-        """Its calls in flight are at its cap: no request of it may be granted."""
-        limit = self.limit
-        return limit is not None and self.calls >= limit
-
-    @property
-    def admits(self) -> bool:
-        """Open and its slots below its cap: its eligible permits may be granted now."""
-        return self.line_admits(self.permits)
-
-    @property
-    def admits_calls(self) -> bool:
-        """Open, and its slots and calls below its cap: an own-slot request may run."""
-        return self.line_admits(self.requests)
-
-    def line_admits(self, line: Line) -> bool:
-        """Whether the head of ``line`` (one of this tuple's) passes the gate and the cap:
-        a permit needs a slot below the cap, a request on a slot of its own a slot and a
-        call, a covered request a call (the one place these rules are written)."""
-        if not self.open:
-            return False
-        limit = self.limit
-        if limit is None:
-            return True
-        kind = line.kind
-        if kind == PERMITS:
-            return self.active < limit
-        if kind == REQUESTS:
-            return self.active < limit and self.calls < limit
-        return self.calls < limit
-
-    @property
-    def request_bucket(self) -> Bucket | None:
-        """Its budget's bucket of requests per minute, if any (for reads)."""
-        return None if self.budget is None else self.budget.requests
-
-    @property
-    def token_bucket(self) -> Bucket | None:
-        """Its budget's bucket of tokens per minute, if any (for reads)."""
-        return None if self.budget is None else self.budget.tokens
-
-    @property
-    def idle(self) -> bool:
-        """Nothing worth remembering: no work, open, uncapped, no budget."""
-        return (
-            not self.queued
-            and not self.active
-            and not self.calls
-            and not self.lent
-            and self.open
-            and self.limit is None
-            and self.budget is None
-        )

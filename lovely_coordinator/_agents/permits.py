@@ -39,7 +39,7 @@ from .._base.types import ModelTuple
 from .._base.validate import as_callable
 from .._base.waiter import PENDING, Parker, checkpoint
 from .core import RELEASED_MESSAGE
-from .lines import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, PermitTicket
+from .tickets import DONE, GRANTED, INACTIVE, QUEUED, STATE_NAMES, PermitTicket
 
 if TYPE_CHECKING:
     from .core import CoordinatorCore

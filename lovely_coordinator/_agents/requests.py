@@ -22,8 +22,8 @@ from .._base.process_wide import process_wide
 from .._base.types import ModelTuple
 from .._base.validate import as_index
 from . import admission as _admission
-from .lines import GRANTED, RequestTicket
 from .permits import CONTEXT_VERSION, find_permit, restore
+from .tickets import GRANTED, RequestTicket
 
 if TYPE_CHECKING:
     from .core import CoordinatorCore

@@ -4,7 +4,7 @@ Nothing here awaits or sleeps, and the only clock deciding anything is the one t
 passes in (read only where a budget needs it); ``time.monotonic()`` stamps when a ticket
 really queues (``Ticket.since``), for how long it waited, never for a decision.
 :class:`Scheduler` is a state machine over *tickets*
-(``lines.py``): permits, reservations and model requests. The async shell calls it, and
+(``tickets.py``): permits, reservations and model requests. The async shell calls it, and
 the scheduler hands grants over by calling ``parker.grant(True)`` / ``parker.fail(error)``
 inside the very call that frees the slot, so nobody can barge in between. Every public
 method that changes state ends by announcing it once (:meth:`_changed`: a version
@@ -67,7 +67,7 @@ and calls :meth:`advance` when it fires. Budgets never hold back permits.
 
 Data structures, and why every operation is O(log n)
 ----------------------------------------------------
-* Each tuple has three lines (``_lines.Line``): permits, requests wanting a slot of their
+* Each tuple has three lines (``lines.Line``): permits, requests wanting a slot of their
   own, covered requests (keyed by rank). All three compete for slots through ``_ready``,
   a heap of lines keyed by (a lower bound of) their head's key; a line is pushed when it may have
   become runnable and a popped entry is re-checked (lazy deletion), so closing a gate,
@@ -95,7 +95,9 @@ from typing import final
 from .._base.errors import CoordinatorBusyError, TupleSuspendedError
 from .._base.types import ModelTuple
 from .._base.waiter import Wakeable
-from .lines import (
+from .scheduler_checks import check_invariants
+from .settings import SUSPENDED_MESSAGE, Settings
+from .tickets import (
     DONE,
     GRANTED,
     INACTIVE,
@@ -106,8 +108,6 @@ from .lines import (
     Ticket,
     TupleState,
 )
-from .scheduler_checks import check_invariants
-from .settings import SUSPENDED_MESSAGE, Settings
 
 __all__ = ["SUSPENDED_MESSAGE", "Scheduler"]
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .engine import IDLE_KEPT
-from .lines import DONE, GRANTED, INACTIVE, PERMITS, QUEUED, Line, Ticket, TupleState
+from .lines import PERMITS
+from .tickets import DONE, GRANTED, INACTIVE, QUEUED, Ticket, TicketLine, TupleState
 from .wakeups import BUDGET, GATE
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["check_invariants", "peek", "peek_wakeup"]
 
 
-def peek(line: Line) -> Ticket | None:
+def peek(line: TicketLine) -> Ticket | None:
     """The best live ticket of ``line``, without touching it."""
     live = line.entries()
     return min(live, key=lambda e: (e[0], e[1]))[2] if live else None
@@ -42,7 +43,7 @@ def _held_back(state: TupleState, ticket: Ticket) -> bool:
     return block is not None and (block is ticket or ticket.key > block.key)
 
 
-def _check_line(line: Line, state: TupleState) -> None:
+def _check_line(line: TicketLine, state: TupleState) -> None:
     live = line.entries()
     assert len(line.items) - len(live) == line.dead, f"dead count of {line}"
     for entry in live:

@@ -18,7 +18,7 @@ from .budgets import Budget
 from .events import GATES, gate_reopened
 from .instruments import REJECTED
 from .lending import Lending
-from .lines import RequestTicket, Ticket, TupleState
+from .tickets import RequestTicket, Ticket, TupleState
 from .wakeups import DUE_SLACK, GATE
 
 __all__ = ["SUSPENDED_MESSAGE", "Settings"]

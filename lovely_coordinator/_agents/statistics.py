@@ -8,8 +8,8 @@ closure whose instant has passed reads as open even if its wake-up has not run y
 from __future__ import annotations
 
 from .._base.types import CoordinatorStatistics, ModelTuple, TupleStatistics
-from .lines import TupleState
 from .scheduler import Scheduler
+from .tickets import TupleState
 from .timers import LoopClock
 
 __all__ = ["snapshot", "tuple_snapshot"]

@@ -29,7 +29,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Final, Literal
 
 from .._base.types import ModelTuple
-from .lines import INACTIVE, Entry, Line, Ticket, TupleState
+from .tickets import INACTIVE, Entry, Ticket, TicketLine, TupleState
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -62,7 +62,7 @@ class WaiterStatistics:
     kind: Kind
 
 
-def _first_live(line: Line, count: int) -> list[Entry]:
+def _first_live(line: TicketLine, count: int) -> list[Entry]:
     """The ``count`` best live entries of ``line``, best first."""
     live = line.entries()
     if line.fifo:  # sorted already: the front is the best

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final, final
 
 if TYPE_CHECKING:
-    from .lines import TupleState
+    from .tickets import TupleState
 
 __all__ = ["BUDGET", "DUE_SLACK", "GATE", "Wakeup", "Wakeups", "wakeup_live"]
 

@@ -33,8 +33,8 @@ from lovely_coordinator import (
     create_agent_coordinator,
 )
 from lovely_coordinator._agents.instruments import Dispatch
-from lovely_coordinator._agents.lines import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, Ticket
 from lovely_coordinator._agents.scheduler import Scheduler
+from lovely_coordinator._agents.tickets import GRANTED, INACTIVE, LENT, QUEUED, PermitTicket, Ticket
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")

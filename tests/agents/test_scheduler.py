@@ -26,7 +26,10 @@ from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedE
 from lovely_coordinator._agents import engine as _engine
 from lovely_coordinator._agents import scheduler_checks as _checks
 from lovely_coordinator._agents.bucket import Bucket
-from lovely_coordinator._agents.lines import (
+from lovely_coordinator._agents.scheduler import SUSPENDED_MESSAGE, Scheduler
+from lovely_coordinator._agents.scheduler_checks import peek_wakeup
+from lovely_coordinator._agents.statistics import tuple_snapshot
+from lovely_coordinator._agents.tickets import (
     DONE,
     GRANTED,
     INACTIVE,
@@ -36,9 +39,6 @@ from lovely_coordinator._agents.lines import (
     RequestTicket,
     Ticket,
 )
-from lovely_coordinator._agents.scheduler import SUSPENDED_MESSAGE, Scheduler
-from lovely_coordinator._agents.scheduler_checks import peek_wakeup
-from lovely_coordinator._agents.statistics import tuple_snapshot
 
 A = ModelTuple("p", "a")
 B = ModelTuple("p", "b")

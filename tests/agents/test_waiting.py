@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lovely_coordinator import ModelTuple
-from lovely_coordinator._agents.lines import GRANTED, QUEUED
 from lovely_coordinator._agents.scheduler import Scheduler
+from lovely_coordinator._agents.tickets import GRANTED, QUEUED
 from lovely_coordinator._agents.waiting import PER_TUPLE, WaiterStatistics, waiters
 
 A = ModelTuple("p", "a")

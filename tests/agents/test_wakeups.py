@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lovely_coordinator import ModelTuple
-from lovely_coordinator._agents.lines import TupleState
+from lovely_coordinator._agents.tickets import TupleState
 from lovely_coordinator._agents.wakeups import BUDGET, GATE, Wakeups, wakeup_live
 
 A = ModelTuple("p", "a")

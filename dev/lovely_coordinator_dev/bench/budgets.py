@@ -21,8 +21,8 @@ from contextlib import AbstractAsyncContextManager
 import anyio
 
 from lovely_coordinator._agents.coordinator import create_agent_coordinator
-from lovely_coordinator._agents.lines import GRANTED, RequestTicket
 from lovely_coordinator._agents.scheduler import Scheduler
+from lovely_coordinator._agents.tickets import GRANTED, RequestTicket
 from lovely_coordinator._base.types import ModelTuple
 
 from . import Figure
