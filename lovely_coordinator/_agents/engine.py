@@ -2,8 +2,11 @@
 
 :class:`Engine` holds the scheduler's state and decides, for every line, whether its head
 may run now (gate, cap, budget) and grants in ``(acceptance order, arrival)`` order while
-slots are free. ``_scheduler.Scheduler`` builds the operations (enqueue, release, lend,
-close, budgets) on top of it; see that module for the rules as a whole.
+slots are free. A grant may cover a request (rule L): a reacquired permit with a
+request waiting for its slot takes it on at once (:meth:`Engine._hand_cover`,
+:meth:`Engine._reserve`), so those are here too, and the engine never calls up into
+the layers built on it. ``scheduler.Scheduler`` builds the operations (enqueue,
+release, lend, close, budgets) on top of it; see that module for the rules as a whole.
 
 Budgets and time
 ----------------
@@ -23,7 +26,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, cast
 
 from .._base.types import ModelTuple
 from .events import BUDGETS, budget_exhausted
@@ -34,19 +37,18 @@ from .tickets import (
     Entry,
     PermitTicket,
     ReadyEntry,
+    RequestTicket,
     Ticket,
     TicketLine,
     TupleState,
 )
+from .tuple_table import TupleTable
 from .wakeups import BUDGET, Wakeups
 
 if TYPE_CHECKING:
     from .instruments import Dispatch
 
-__all__ = ["IDLE_KEPT", "Engine", "bypass_live"]
-
-# How many idle tuples stay cached for reuse (see ``Engine._forget_if_idle``).
-IDLE_KEPT: Final = 64
+__all__ = ["Engine", "bypass_live"]
 
 
 def _no_clock() -> float:
@@ -65,10 +67,8 @@ class Engine:
         "_bypass_dead",
         "_clock",
         "_counter",
-        "_idle",
         "_ready",
         "_seq",
-        "_tuples",
         "active",
         "fresh_reacquire",
         "hooked",
@@ -78,6 +78,7 @@ class Engine:
         "observer",
         "on_change",
         "queued",
+        "tuples",
         "version",
         "wakeups",
     )
@@ -108,14 +109,13 @@ class Engine:
         self._clock: Callable[[], float] = clock or _no_clock
         self._counter = 0
         self._seq = 0
-        self._tuples: dict[ModelTuple, TupleState] = {}
-        self._idle: dict[ModelTuple, TupleState] = {}  # recently idle, oldest first
+        self.tuples = TupleTable()
         self._ready: list[ReadyEntry] = []
         self._bypass: list[Entry] = []
         self._bypass_dead = 0
         self.wakeups = Wakeups()
         for model_tuple, tuple_limit in (tuple_limits or {}).items():
-            self._state(model_tuple).limit = tuple_limit
+            self.tuples.state(model_tuple).limit = tuple_limit
 
     def _changed(self) -> None:
         """The one place a change is announced (every public mutator ends with it)."""
@@ -132,18 +132,18 @@ class Engine:
 
     def tuple_state(self, model_tuple: ModelTuple) -> TupleState | None:
         """The tuple's bookkeeping, or None when it is idle (open, uncapped, unused)."""
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         return None if state is None or state.idle else state
 
     def known_tuple(self, pair: tuple[object, ...]) -> ModelTuple | None:
         """The tuple equal to ``pair`` that the scheduler holds state for, or None (a
         pure read, safe without the lock: one dict lookup)."""
-        state = self._tuples.get(pair)  # type: ignore[call-overload]
+        state = self.tuples.states.get(pair)  # type: ignore[call-overload]
         return None if state is None else state.tuple
 
     def tuple_states(self) -> Iterator[TupleState]:
         """Every non-idle tuple, in no particular order."""
-        return (state for state in self._tuples.values() if not state.idle)
+        return self.tuples.busy()
 
     def reacquires(self) -> Iterator[Entry]:
         """The live entries ``(order, seq, ticket)`` of the reacquires waiting for a slot,
@@ -162,34 +162,8 @@ class Engine:
         or its tuple has a budget (the shell first makes the clock the caller's loop's)."""
         if self.wakeups:
             return True
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         return state is not None and state.budget is not None
-
-    # -- tuples -------------------------------------------------------------------------------
-
-    def _state(self, model_tuple: ModelTuple) -> TupleState:
-        state = self._tuples.get(model_tuple)
-        if state is None:
-            state = self._tuples[model_tuple] = TupleState(model_tuple)
-        return state
-
-    def _forget_if_idle(self, state: TupleState) -> None:
-        """Let an idle tuple go, keeping the most recent few for reuse.
-
-        A tuple that goes idle is usually used again at once (acquire, release, acquire…),
-        so the last ``IDLE_KEPT`` idle states stay in ``_tuples``; older ones are dropped,
-        so memory follows the tuples in use. O(1).
-        """
-        idle = self._idle
-        if state.tuple in idle or not state.idle:
-            return  # cached already (eviction re-checks), or not idle
-        idle[state.tuple] = state
-        if len(idle) > IDLE_KEPT:
-            model_tuple = next(iter(idle))
-            oldest = idle.pop(model_tuple)
-            if oldest.idle and self._tuples.get(model_tuple) is oldest:
-                del self._tuples[model_tuple]
-                oldest.permits.entry = oldest.requests.entry = None  # stale if in _ready
 
     # -- who may run ----------------------------------------------------------------------------
 
@@ -212,7 +186,7 @@ class Engine:
         ):
             entry = line.entry = (head.order, head.seq, line)
             heapq.heappush(self._ready, entry)
-            if len(self._ready) > 4 * len(self._tuples) + 64:
+            if len(self._ready) > 4 * len(self.tuples) + 64:
                 self._ready = [e for e in self._ready if e is e[2].entry]
                 heapq.heapify(self._ready)
 
@@ -371,11 +345,6 @@ class Engine:
             # A request ahead of the front drew: the front waits longer now.
             self._block_until(state, budget.ready_at(block.tokens, now))
 
-    def _hand_cover(self, cover: PermitTicket) -> None:
-        """A reacquired permit with candidates may cover one at once (rule L): the grant
-        loop's one call upward, into ``lending.Lending``, which defines it."""
-        raise NotImplementedError
-
     def _return_slot(self, state: TupleState) -> None:
         self.active -= 1
         state.active -= 1
@@ -385,7 +354,66 @@ class Engine:
                 self._wake_tuple(state)  # its slots or calls just dropped below its cap
             self._drain()
         if not state.active and not state.queued:
-            self._forget_if_idle(state)
+            self.tuples.forget_if_idle(state)
+
+    # -- covers (rule L) ------------------------------------------------------------------
+
+    def _hand_cover(self, cover: PermitTicket) -> None:
+        """Give a held permit that covers nothing to its best waiting candidate, if any.
+
+        Grants nothing by itself, unless the candidate may run on the cover's slot at
+        once (see :meth:`_reserve`); the caller drains.
+        """
+        heap = cover.candidates
+        if cover.state != GRANTED or cover.covering is not None or not heap:
+            return
+        while heap:
+            _order, seq, request = heapq.heappop(heap)
+            state = request.tuple_state
+            if request.seq == seq and request.line is state.requests:
+                state.requests.remove(request)
+                self._reserve(cover, request)
+                return
+
+    def _reserve(self, cover: PermitTicket, request: RequestTicket) -> None:
+        """``request`` is covered by ``cover`` (held, covering nothing) from now on.
+
+        Rule L: its rank is the better of its own order and its cover's; it runs on the
+        cover's slot at once if nothing else could take that slot and it may run now;
+        otherwise the cover is parked (its slot lent to the others, and counted lent)
+        and the request waits in its tuple's covered line like any waiter for a slot.
+        Either way the outcome is the drain's, had the cover been parked first. The
+        caller drains (the drain itself calls this for a reacquired cover, and goes on).
+        """
+        state = request.tuple_state
+        request.covered = True
+        cover.covering = request
+        if cover.order < request.accepted:
+            request.order = cover.order
+        home = cover.tuple_state
+        if (
+            not cover.parked
+            and (home.limit is None or home.active != home.limit)  # parking frees no line
+            and not self._ready
+            and not self._bypass
+            and self.active <= self.limit
+            and state.open
+            and (state.limit is None or state.calls < state.limit)
+            and self._may_draw(state, request)
+        ):
+            self._grant(request)  # on the slot its cover holds
+            return
+        state.covered.push(request)
+        if not cover.parked:
+            cover.parked = True
+            self.lent += 1
+            home.lent += 1
+            self.active -= 1
+            home.active -= 1
+            limit = home.limit
+            if limit is not None and home.active == limit - 1:
+                self._offer_all(home)  # its slots just dropped below its cap
+        self._offer(state.covered)
 
 
 def bypass_live(entry: Entry) -> bool:

@@ -6,7 +6,7 @@ goes to the next waiter, and the permit takes a slot back (a *reacquire*) when t
 ends, bypassing gates and caps. Overlapping lends share the one returned slot and only the
 last one to end reacquires. A permit with a model request in flight on its slot keeps the
 slot (deferred) until the request ends. A permit that covers a waiting request is parked:
-its slot is lent until the request takes it back (``_reserve``). Leaving the queue
+its slot is lent until the request takes it back (``engine.Engine._reserve``). Leaving the queue
 (``_discard``) is here too: a covered request that leaves hands its cover's slot back. See
 ``scheduler.py`` for the rules as a whole.
 """
@@ -61,7 +61,7 @@ class Lending(Engine):
                 self._take_back(cover)  # it was parked for this request (rule L)
             if state.block is ticket:
                 self._unblock(state)  # the front left: the next one may need less
-        self._forget_if_idle(state)
+        self.tuples.forget_if_idle(state)
         return parker
 
     def _unqueue(self, ticket: Ticket) -> None:
@@ -118,63 +118,6 @@ class Lending(Engine):
         self._drain()
 
     # -- covers (rule L) ------------------------------------------------------------------
-
-    def _hand_cover(self, cover: PermitTicket) -> None:
-        """Give a held permit that covers nothing to its best waiting candidate, if any.
-
-        Grants nothing by itself, unless the candidate may run on the cover's slot at
-        once (see :meth:`_reserve`); the caller drains.
-        """
-        heap = cover.candidates
-        if cover.state != GRANTED or cover.covering is not None or not heap:
-            return
-        while heap:
-            _order, seq, request = heapq.heappop(heap)
-            state = request.tuple_state
-            if request.seq == seq and request.line is state.requests:
-                state.requests.remove(request)
-                self._reserve(cover, request)
-                return
-
-    def _reserve(self, cover: PermitTicket, request: RequestTicket) -> None:
-        """``request`` is covered by ``cover`` (held, covering nothing) from now on.
-
-        Rule L: its rank is the better of its own order and its cover's; it runs on the
-        cover's slot at once if nothing else could take that slot and it may run now;
-        otherwise the cover is parked (its slot lent to the others, and counted lent)
-        and the request waits in its tuple's covered line like any waiter for a slot.
-        Either way the outcome is the drain's, had the cover been parked first. The
-        caller drains (the drain itself calls this for a reacquired cover, and goes on).
-        """
-        state = request.tuple_state
-        request.covered = True
-        cover.covering = request
-        if cover.order < request.accepted:
-            request.order = cover.order
-        home = cover.tuple_state
-        if (
-            not cover.parked
-            and (home.limit is None or home.active != home.limit)  # parking frees no line
-            and not self._ready
-            and not self._bypass
-            and self.active <= self.limit
-            and state.open
-            and (state.limit is None or state.calls < state.limit)
-            and self._may_draw(state, request)
-        ):
-            self._grant(request)  # on the slot its cover holds
-            return
-        state.covered.push(request)
-        if not cover.parked:
-            cover.parked = True
-            self.lent += 1
-            home.lent += 1
-            self.active -= 1
-            home.active -= 1
-            limit = home.limit
-            if limit is not None and home.active == limit - 1:
-                self._offer_all(home)  # its slots just dropped below its cap
-        self._offer(state.covered)
 
     def _take_back(self, cover: PermitTicket) -> None:
         """A parked permit whose request left unrun (and that covers nothing now) takes
@@ -234,7 +177,7 @@ class Lending(Engine):
             ticket.state = LENT
             ticket.bypass = False
             withdrawn, ticket.parker = ticket.parker, None
-            self._forget_if_idle(ticket.tuple_state)
+            self.tuples.forget_if_idle(ticket.tuple_state)
         ticket.lends += 1
         self._changed()
         return withdrawn
@@ -258,7 +201,7 @@ class Lending(Engine):
             self._changed()
             return False
         order = self.next_order() if self.fresh_reacquire else ticket.origin
-        state = self._state(ticket.tuple_state.tuple)  # it may have been forgotten meanwhile
+        state = self.tuples.state(ticket.tuple_state.tuple)  # it may have been forgotten meanwhile
         ticket.tuple_state = state
         if order > self._counter:
             self._counter = order

@@ -79,12 +79,14 @@ Data structures, and why every operation is O(log n)
 
 Layers
 ------
-One class in four modules, each layer using only those under it: ``engine.Engine`` (the
-state and the one grant loop), ``lending.Lending`` (waiting, leaving, lends and covers),
-``settings.Settings`` (caps, gates, budgets, time) and :class:`Scheduler` (taking a place
-in line, releasing). The one call upward is the grant loop's ``_hand_cover`` (a reacquired
-permit may cover a request at once). It composes a ``budgets.Budget`` per budgeted tuple
-and one ``wakeups.Wakeups`` heap.
+One class in four modules, each layer calling only those under it: ``engine.Engine`` (the
+state, the one grant loop and the grants of rule L), ``lending.Lending`` (waiting,
+leaving, lends, parked permits), ``settings.Settings`` (caps, gates, budgets, time) and
+:class:`Scheduler` (taking a place in line, releasing). It composes its tuple table
+(``tuple_table.TupleTable``: each tuple's lines and counts), a ``budgets.Budget`` per
+budgeted tuple and one ``wakeups.Wakeups`` heap. (Why layers and not one module: the
+grant loop, rule L and leaving call one another, and together they are over a
+thousand lines; each layer is a part that reads in one sitting.)
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ class Scheduler(Settings):
         * No request is granted while its tuple's calls are at its cap.
         * Every budget block has a live wake-up at ``block_until``; every timed closure a
           live wake-up at ``reopens_at``.
-        * Every idle tuple in ``_tuples`` is also in ``_idle`` (at most ``IDLE_KEPT``).
+        * The tuple table's own (``tuple_table.TupleTable``): an idle tuple is kept only
+          among the last few idle ones.
         * ``_counter`` is at least every acceptance order seen.
     """
 
@@ -138,9 +141,9 @@ class Scheduler(Settings):
 
     def _admit(self, model_tuple: ModelTuple, reject: bool) -> TupleState:
         """The newcomer's tuple, unless its closed gate refuses it."""
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         if state is None:
-            state = self._tuples[model_tuple] = TupleState(model_tuple)
+            state = self.tuples.state(model_tuple)
         elif reject and not state.open:
             self._refused(state)
             raise TupleSuspendedError(SUSPENDED_MESSAGE)
@@ -170,7 +173,7 @@ class Scheduler(Settings):
         # already wait is refused (before it draws an order); one that runs at once is not.
         if self.max_queued is not None and self.queued >= self.max_queued and not may_run_now:
             self._refused(state)
-            self._forget_if_idle(state)  # it may have been created just now
+            self.tuples.forget_if_idle(state)  # it may have been created just now
             raise CoordinatorBusyError()
 
     def _place(self, ticket: Ticket, order: int | None, state: TupleState) -> None:
@@ -203,7 +206,7 @@ class Scheduler(Settings):
         stale by the time the permit comes)."""
         if self.active + ahead >= self.limit or self._ready or self._bypass:
             return False
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         return state is None or state.line_admits(state.permits)
 
     def enqueue(
@@ -390,7 +393,7 @@ class Scheduler(Settings):
             if state == GRANTED:
                 if ticket.parked:
                     self._unpark(ticket)  # its slot is lent already: nothing to return
-                    self._forget_if_idle(ticket.tuple_state)  # (it was lent until now)
+                    self.tuples.forget_if_idle(ticket.tuple_state)  # (it was lent until now)
                 elif ticket.covering is not None:
                     ticket.deferred = True  # a request is in flight on its slot
                 else:
@@ -399,7 +402,7 @@ class Scheduler(Settings):
                 assert state == LENT
                 self.lent -= 1
                 ticket.tuple_state.lent -= 1
-                self._forget_if_idle(ticket.tuple_state)
+                self.tuples.forget_if_idle(ticket.tuple_state)
             if ticket.candidates is not None:
                 ticket.candidates = None
         self.version += 1  # (_changed(), inlined)
@@ -428,8 +431,8 @@ class Scheduler(Settings):
         if state.limit is not None and state.calls == state.limit - 1:
             self._offer_all(state)  # its calls just dropped below its cap
         self._drain()
-        self._forget_if_idle(home)
-        self._forget_if_idle(state)
+        self.tuples.forget_if_idle(home)
+        self.tuples.forget_if_idle(state)
 
     # -- checking ---------------------------------------------------------------------------------
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .engine import IDLE_KEPT
 from .lines import PERMITS
 from .tickets import DONE, GRANTED, INACTIVE, QUEUED, Ticket, TicketLine, TupleState
+from .tuple_table import IDLE_KEPT
 from .wakeups import BUDGET, GATE
 
 if TYPE_CHECKING:
@@ -77,9 +77,10 @@ def check_invariants(engine: Engine) -> None:
     assert engine._counter >= 0
     ready_entries = {id(e) for e in engine._ready}
     covered = 0  # waiting covered requests, each with its own parked cover
-    for model_tuple, state in engine._tuples.items():
+    table = engine.tuples
+    for model_tuple, state in table.states.items():
         assert state.tuple == model_tuple
-        assert not state.idle or model_tuple in engine._idle, f"idle tuple kept: {model_tuple}"
+        assert not state.idle or model_tuple in table.idle, f"idle tuple kept: {model_tuple}"
         assert state.active >= 0
         assert state.calls >= 0
         assert state.queued >= 0
@@ -139,21 +140,21 @@ def check_invariants(engine: Engine) -> None:
             if cover.state != DONE:
                 candidates = cover.candidates or []
                 assert any(c[2] is ticket for c in candidates), f"{ticket}: not a candidate"
-    assert len(engine._idle) <= IDLE_KEPT
+    assert len(table.idle) <= IDLE_KEPT
     bypass_live = [e for e in engine._bypass if e[2].state == QUEUED and e[2].seq == e[1]]
     assert len(engine._bypass) - len(bypass_live) == engine._bypass_dead
     assert all(e[2].bypass for e in bypass_live)
-    assert engine.active == sum(s.active for s in engine._tuples.values())
-    assert engine.queued == sum(s.queued for s in engine._tuples.values())
+    assert engine.active == sum(s.active for s in table.states.values())
+    assert engine.queued == sum(s.queued for s in table.states.values())
     assert engine.lent >= len(bypass_live) + covered, "parked covers count as lent"
-    assert engine.lent == sum(s.lent for s in engine._tuples.values()), "lent per tuple"
+    assert engine.lent == sum(s.lent for s in table.states.values()), "lent per tuple"
     for reacquire in bypass_live:
         ticket = reacquire[2]
         assert ticket.since is not None, f"{ticket} reacquires without its time"
         assert ticket.tuple_state.lent > 0, f"{ticket} reacquires on a tuple with none lent"
     if engine.active < engine.limit:
         assert not bypass_live, "a reacquire could run but waits"
-        for state in engine._tuples.values():
+        for state in table.states.values():
             if state.admits:
                 assert peek(state.permits) is None, f"{state.tuple} permit could run but waits"
             if not state.admits_calls:
@@ -162,7 +163,7 @@ def check_invariants(engine: Engine) -> None:
             assert head is None or _held_back(state, head), (
                 f"{state.tuple} request could run but waits"
             )
-        for state in engine._tuples.values():
+        for state in table.states.values():
             if not state.line_admits(state.covered):
                 continue
             head = peek(state.covered)

@@ -43,10 +43,10 @@ class Settings(Lending):
 
     def set_tuple_limit(self, model_tuple: ModelTuple, limit: int | None) -> None:
         """Cap (or, with None, uncap) a tuple. A raised cap grants at once."""
-        state = self._state(model_tuple)
+        state = self.tuples.state(model_tuple)
         state.limit = limit
         self._wake_tuple(state)
-        self._forget_if_idle(state)
+        self.tuples.forget_if_idle(state)
         self._changed()
 
     # -- gates --------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ class Settings(Lending):
     def is_open(self, model_tuple: ModelTuple, now: float | None) -> bool:
         """Whether the gate is open at ``now`` (a pure read: a timed closure whose instant
         has passed counts as open even before its wake-up ran)."""
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         if state is None or state.open:
             return True
         return state.reopens_at is not None and now is not None and state.reopens_at <= now
@@ -65,7 +65,7 @@ class Settings(Lending):
         A closure is never shortened: closing a closed tuple keeps the later of the two
         reopen times, and a closure without a reopen time (None) lasts until :meth:`open`.
         """
-        state = self._state(model_tuple)
+        state = self.tuples.state(model_tuple)
         if state.open:
             state.open = False
             state.reopens_at = reopens_at
@@ -92,13 +92,13 @@ class Settings(Lending):
 
     def open(self, model_tuple: ModelTuple) -> None:
         """Open the tuple's gate (fine when open); its waiters may be granted at once."""
-        state = self._tuples.get(model_tuple)
+        state = self.tuples.states.get(model_tuple)
         if state is None or state.open:
             return
         state.open = True
         state.reopens_at = None  # its wake-up is dead now
         self._wake_tuple(state)
-        self._forget_if_idle(state)
+        self.tuples.forget_if_idle(state)
         self._changed()
 
     # -- budgets --------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class Settings(Lending):
         A new dimension starts full; a changed one keeps what was spent. Requests waiting
         on the budget are re-examined at once (their wake-up may move either way).
         """
-        state = self._state(model_tuple)
+        state = self.tuples.state(model_tuple)
         state.budget = Budget.set(state.budget, requests, tokens, self._clock())
         self._budget_moved(state)
 
@@ -126,7 +126,7 @@ class Settings(Lending):
         """What a provider reported: per-minute limits where none was set explicitly (a
         new rate keeps what is available, at most its capacity), and what remains (which
         only ever lowers what is available)."""
-        state = self._state(model_tuple)
+        state = self.tuples.state(model_tuple)
         state.budget = Budget.learn(
             state.budget, requests, tokens, requests_remaining, tokens_remaining, self._clock()
         )
@@ -138,7 +138,7 @@ class Settings(Lending):
         ticket.tokens = tokens
         # The tuple's bookkeeping now: a request settled after its exit may have outlived
         # the state it was granted on (an idle tuple is forgotten; see _forget_if_idle).
-        state = self._tuples.get(ticket.tuple_state.tuple)
+        state = self.tuples.states.get(ticket.tuple_state.tuple)
         if state is None:
             return  # idle: no budget to charge
         ticket.tuple_state = state
@@ -161,7 +161,7 @@ class Settings(Lending):
             self._unblock(state)
         else:
             self._wake_tuple(state)
-        self._forget_if_idle(state)
+        self.tuples.forget_if_idle(state)
         self._changed()
 
     # -- time -----------------------------------------------------------------------------------
@@ -191,14 +191,14 @@ class Settings(Lending):
             self._offer_all(state)
         self._drain()
         for state in woken:
-            self._forget_if_idle(state)
+            self.tuples.forget_if_idle(state)
         self._changed()
         return True
 
     def shift_time(self, delta: float) -> None:
         """Restate every stored instant on a clock ``delta`` seconds ahead (the same
         instants, new numbers: the coordinator moved to another event loop's clock)."""
-        for state in self._tuples.values():
+        for state in self.tuples.states.values():
             if state.reopens_at is not None:
                 state.reopens_at += delta
             if state.block_until is not None:

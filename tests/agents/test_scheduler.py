@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from lovely_coordinator import CoordinatorBusyError, ModelTuple, TupleSuspendedError
-from lovely_coordinator._agents import engine as _engine
 from lovely_coordinator._agents import scheduler_checks as _checks
+from lovely_coordinator._agents import tuple_table as _table
 from lovely_coordinator._agents.bucket import Bucket
 from lovely_coordinator._agents.scheduler import SUSPENDED_MESSAGE, Scheduler
 from lovely_coordinator._agents.scheduler_checks import peek_wakeup
@@ -279,7 +279,7 @@ def test_idle_tuples_are_forgotten() -> None:
     for i in range(200):
         t = ModelTuple("p", f"m{i}")
         s.release(enqueue(s, t))
-    assert len(s._tuples) <= 64
+    assert len(s.tuples.states) <= 64
     s.check_invariants()
 
 
@@ -288,7 +288,7 @@ def test_cancelled_waiters_do_not_accumulate() -> None:
     holder = enqueue(s)
     for _ in range(1000):
         s.discard(enqueue(s))
-    line = s._tuples[A].permits
+    line = s.tuples.states[A].permits
     assert len(line.items) <= 2 * 64 + 2
     s.release(holder)
     s.check_invariants()
@@ -303,7 +303,7 @@ def test_ready_heap_is_compacted_under_close_open_churn() -> None:
         for w in waiters:
             s.close(w.tuple_state.tuple, None)
             s.open(w.tuple_state.tuple)
-    assert len(s._ready) <= 4 * len(s._tuples) + 64
+    assert len(s._ready) <= 4 * len(s.tuples.states) + 64
     s.release(holder)
     assert waiters[0].state == GRANTED
     s.check_invariants()
@@ -318,7 +318,7 @@ def test_a_discarded_ticket_at_a_capped_tuple_is_never_granted() -> None:
     after = enqueue(s, A)
     s.discard(gone)
     s.check_invariants()
-    assert len(s._tuples[A].permits.items) == 2  # the dead entry is still there: untouched
+    assert len(s.tuples.states[A].permits.items) == 2  # the dead entry is still there: untouched
     s.release(holder)
     assert states(gone, after) == [DONE, GRANTED]
     s.check_invariants()
@@ -530,7 +530,7 @@ def test_within_a_tuple_a_small_request_never_overtakes_a_large_one() -> None:
     large = request(s, tokens=400)  # needs 300 more: 30 s
     small = request(s, tokens=1)
     assert states(first, large, small) == [GRANTED, QUEUED, QUEUED]
-    assert s._tuples[A].block is large
+    assert s.tuples.states[A].block is large
     clock.now = 29.0
     s.advance()
     assert small.state == QUEUED  # the budget holds it, but it waits its turn
@@ -548,11 +548,11 @@ def test_an_earlier_order_may_go_ahead_of_the_front_which_then_waits_longer() ->
     assert s.next_wakeup() == pytest.approx(30.0)
     early = request(s, tokens=10, order=5)  # ahead of the front: it may try (and waits)
     assert early.state == QUEUED
-    assert s._tuples[A].block is early
+    assert s.tuples.states[A].block is early
     clock.now = 10.0
     assert s.advance()
     assert states(early, front) == [GRANTED, QUEUED]  # the front waits 10 s longer
-    assert s._tuples[A].block is front
+    assert s.tuples.states[A].block is front
     assert s.next_wakeup() == pytest.approx(40.0)
     s.release(first)
     s.check_invariants()
@@ -567,7 +567,7 @@ def test_a_request_larger_than_the_bucket_waits_for_it_full_then_goes_below_zero
     clock.now = 30.0  # full again
     assert s.advance()
     assert huge.state == GRANTED
-    bucket = s._tuples[A].token_bucket
+    bucket = s.tuples.states[A].token_bucket
     assert bucket is not None
     assert bucket.available(clock.now) == pytest.approx(-40.0)
     zero = request(s, tokens=0)
@@ -600,7 +600,7 @@ def test_covered_and_own_slot_requests_of_a_tuple_draw_in_one_order(covered_firs
     assert [t.state == GRANTED for t in (early, large, late)] == [
         t is not held_back for t in (early, large, late)
     ]
-    assert s._tuples[A].block is held_back
+    assert s.tuples.states[A].block is held_back
     s.check_invariants()
 
 
@@ -641,7 +641,7 @@ def test_settle_refunds_and_charges_at_once() -> None:
     s.settle(call, 20)  # the real usage: 60 back
     assert waiting.state == GRANTED
     s.settle(waiting, 100)  # charged more than estimated
-    bucket = s._tuples[A].token_bucket
+    bucket = s.tuples.states[A].token_bucket
     assert bucket is not None
     assert bucket.available(0.0) == pytest.approx(-20.0)
     s.check_invariants()
@@ -660,7 +660,7 @@ def test_permits_never_wait_for_a_budget() -> None:
 def test_learn_budget_only_lowers_and_leaves_explicit_budgets_alone() -> None:
     s, _clock = make(10)
     s.learn_budget(A, 600.0, None, 10.0, None)
-    bucket = s._tuples[A].request_bucket
+    bucket = s.tuples.states[A].request_bucket
     assert bucket is not None
     assert (bucket.capacity, bucket.available(0.0)) == (600.0, 10.0)
     s.learn_budget(A, None, None, 500.0, None)  # never raises what is available
@@ -671,7 +671,7 @@ def test_learn_budget_only_lowers_and_leaves_explicit_budgets_alone() -> None:
     assert bucket.available(0.0) == 5.0
     s.set_budget(A, 100.0, None)
     s.learn_budget(A, 600.0, None, None, None)  # explicit: the rate stands
-    assert s._tuples[A].request_bucket.capacity == 100.0  # type: ignore[union-attr]
+    assert s.tuples.states[A].request_bucket.capacity == 100.0  # type: ignore[union-attr]
     s.check_invariants()
 
 
@@ -1042,7 +1042,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         limit=st.integers(1, 3),
         fresh=st.booleans(),
         max_queued=st.none() | st.integers(0, 5),
-        kept=st.sampled_from([0, 1, _engine.IDLE_KEPT]),
+        kept=st.sampled_from([0, 1, _table.IDLE_KEPT]),
         agents=st.lists(st.sampled_from(TUPLES), min_size=2, max_size=4),
     )
     def start(
@@ -1050,7 +1050,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         # ``kept``: how many idle tuples stay cached; 0 forgets each at once, so tickets
         # outlive their tuple's bookkeeping (a lend that ends, a settle after the exit).
-        self.kept = _engine.IDLE_KEPT
+        self.kept = _table.IDLE_KEPT
         _set_idle_kept(kept)
         self.clock = Clock()
         self.s = Scheduler(limit, fresh_reacquire=fresh, max_queued=max_queued, clock=self.clock)
@@ -1551,7 +1551,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # that can end, a reservation to activate): no cycle of waiters holding what the
         # others need.
         s, tickets = self.s, [r.ticket for r in self.m.refs]
-        if peek_wakeup(s) is not None or any(not st.open for st in s._tuples.values()):
+        if peek_wakeup(s) is not None or any(not st.open for st in s.tuples.states.values()):
             return
         waiting = [t for t in tickets if t.state == QUEUED]
         movable = any(
@@ -1582,7 +1582,7 @@ def check_liveness(scheduler: Scheduler, tickets: list[Ticket]) -> None:
     clock = s._clock
     assert isinstance(clock, Clock)
     for _ in range(10 * len(tickets) + 50):
-        for state in list(s._tuples.values()):
+        for state in list(s.tuples.states.values()):
             if not state.open and state.reopens_at is None:
                 s.open(state.tuple)  # a gate without a timer is opened by someone
         waiting = [t for t in tickets if t.state in (INACTIVE, QUEUED)]
@@ -1616,8 +1616,8 @@ def _holder_waits(ticket: Ticket, tickets: list[Ticket]) -> bool:
 
 
 def _set_idle_kept(kept: int) -> None:
-    # The engine and the checker read the module constant at call time.
-    for module in (_engine, _checks):
+    # The tuple table and the checker read the module constant at call time.
+    for module in (_table, _checks):
         module.__dict__["IDLE_KEPT"] = kept
 
 
@@ -1625,16 +1625,16 @@ def _fingerprint(s: Scheduler) -> object:
     """What a read must leave as it is: counts, heaps, lines, blocks, buckets."""
     lines = [
         (len(line.items), line.dead, line.entry)
-        for state in s._tuples.values()
+        for state in s.tuples.states.values()
         for line in (state.permits, state.requests, state.covered)
     ]
     buckets = [
         (b.level, b.stamp, b.capacity)
-        for state in s._tuples.values()
+        for state in s.tuples.states.values()
         for b in (state.request_bucket, state.token_bucket)
         if b is not None
     ]
-    blocks = [(state.block, state.block_until) for state in s._tuples.values()]
+    blocks = [(state.block, state.block_until) for state in s.tuples.states.values()]
     return (
         s.version,
         s._counter,
@@ -1642,8 +1642,8 @@ def _fingerprint(s: Scheduler) -> object:
         list(s._ready),
         list(s._bypass),
         list(s.wakeups),
-        list(s._tuples),
-        list(s._idle),
+        list(s.tuples.states),
+        list(s.tuples.idle),
         lines,
         buckets,
         blocks,

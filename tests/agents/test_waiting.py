@@ -33,7 +33,7 @@ class Parker:
 def fingerprint(s: Scheduler) -> Any:
     """Everything a snapshot could disturb, as plain data (lines, heaps, buckets, counts)."""
     tuples = {}
-    for t, state in s._tuples.items():
+    for t, state in s.tuples.states.items():
         lines = [
             (list(line.items), line.dead, line.fifo, line.entry)
             for line in (state.permits, state.requests, state.covered)
@@ -54,7 +54,7 @@ def fingerprint(s: Scheduler) -> Any:
         list(s._ready),
         list(s._bypass),
         list(s.wakeups),
-        dict(s._idle),
+        dict(s.tuples.idle),
         (s.active, s.queued, s.lent, s.version, s._counter, s._seq, s._bypass_dead),
     )
 
@@ -173,7 +173,7 @@ def test_budget_reasons_without_a_block_and_on_a_cover() -> None:
     assert first.state == GRANTED
     # It waits for the slot, so the budget never blocked it; yet it could not draw now.
     short = s.enqueue_request(A, None, False, 50, None)
-    assert s._tuples[A].block is None
+    assert s.tuples.states[A].block is None
     assert reasons(snapshot(s, clock)) == [(A, 2, "budget", "request")]
     s.discard(short)
     s.set_budget(B, 1, None)
