@@ -324,7 +324,10 @@ async def test_the_generation_marker_is_one_per_slot(
         for name, marker in markers.items():
             assert key_slot(marker.encode()) == key_slot(conversation_key(name).encode())
         cluster.flush_node(cluster.node_of(conversation_key(flushed)))
-        with anyio.fail_after(0.3):  # a slot whose state is this boot's: granted at once
+        await client.ping()  # the client learns the cluster's layout first (not timed)
+        # A slot whose state is this boot's: granted at once, well inside the quiet
+        # period (ttl + a tick, 1.5 s) that the two below wait.
+        with anyio.fail_after(1.0):
             async with await locker.acquire(used):
                 pass
         for name in (fresh, flushed):  # a slot never seen, and a slot that lost its state
